@@ -1,0 +1,64 @@
+//! Build script shared by the crates whose tests need userfaultfd.
+//!
+//! Tests that serve real faults carry
+//! `#[cfg_attr(zerofault_no_uffd, ignore = "...")]`. This script sets `zerofault_no_uffd` when
+//! this machine cannot open a userfaultfd, so `cargo test` reports those tests as *ignored*
+//! (never as passed). With `ZEROFAULT_REQUIRE_UFFD=1` (CI) the flag is never set: the tests run
+//! and fail with the reason when userfaultfd is missing.
+
+use std::io::Error;
+
+/// `_IO(0xAA, 0x00)`: ask /dev/userfaultfd for a new userfaultfd.
+const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
+/// `_IOWR(0xAA, 0x3F, struct uffdio_api)`.
+const UFFDIO_API: libc::c_ulong = 0xC018_AA3F;
+
+fn probe() -> Result<(), String> {
+    // SAFETY: open() with a NUL-terminated literal path; the result is checked.
+    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    let fd = if dev >= 0 {
+        // SAFETY: ioctl on the fd we just opened; USERFAULTFD_IOC_NEW takes an int flag argument.
+        let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, libc::O_CLOEXEC) };
+        let err = Error::last_os_error();
+        // SAFETY: closing the fd we opened above, once.
+        unsafe { libc::close(dev) };
+        if fd < 0 {
+            return Err(format!("/dev/userfaultfd: {err}"));
+        }
+        fd
+    } else {
+        // SAFETY: the userfaultfd syscall takes one int flags argument.
+        let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) } as i32;
+        if fd < 0 {
+            return Err(format!("userfaultfd(2): {}", Error::last_os_error()));
+        }
+        fd
+    };
+    let mut api = [0xAAu64, 0, 0];
+    // SAFETY: UFFDIO_API reads and writes a 24-byte struct uffdio_api, which `api` is.
+    let rc = unsafe { libc::ioctl(fd, UFFDIO_API, api.as_mut_ptr()) };
+    let err = Error::last_os_error();
+    // SAFETY: closing the userfaultfd we created, once.
+    unsafe { libc::close(fd) };
+    if rc != 0 {
+        return Err(format!("UFFDIO_API: {err}"));
+    }
+    Ok(())
+}
+
+fn main() {
+    println!("cargo:rustc-check-cfg=cfg(zerofault_no_uffd)");
+    println!("cargo:rerun-if-env-changed=ZEROFAULT_REQUIRE_UFFD");
+    println!("cargo:rerun-if-changed=/proc/sys/vm/unprivileged_userfaultfd");
+    println!("cargo:rerun-if-changed=/dev/userfaultfd");
+    if std::env::var("ZEROFAULT_REQUIRE_UFFD").as_deref() == Ok("1") {
+        return;
+    }
+    if let Err(why) = probe() {
+        println!("cargo:rustc-cfg=zerofault_no_uffd");
+        println!(
+            "cargo:warning=userfaultfd unavailable ({why}): tests that serve real faults are marked \
+             ignored; run as root, grant /dev/userfaultfd or set vm.unprivileged_userfaultfd=1"
+        );
+    }
+}

@@ -1,0 +1,478 @@
+//! The fault handler: one thread reading the userfaultfd and answering each message.
+//!
+//! For a page fault:
+//! 1. Find the range. A fault outside every known range (a race with munmap/mmap, see
+//!    region.rs) is served one page at a time and woken: never left blocked.
+//! 2. If the page's state bit is already set, another thread's window installed it (or is about
+//!    to), or the map is stale: try a one-page install (EEXIST proves it present) and wake.
+//! 3. Ask the thread's [`Predictor`] for the window; feed the outcome to the range's
+//!    [`crate::predict::MissRun`]; on a run of misses hand that span back to the kernel.
+//! 4. Claim the window in the page map; the newly claimed runs are the pages to install.
+//! 5. Writes: UFFDIO_MOVE from the pool, one ioctl per contiguous run of pool pages; whatever the
+//!    pool cannot give is copied from the zero source (UFFDIO_COPY). Reads: UFFDIO_ZEROPAGE, no
+//!    pool page spent (the seed maps the zero page on read faults too).
+//! 6. Wake the faulting page if no successful ioctl covered it.
+//!
+//! Partial progress (sys/uffd.rs): EEXIST skips one present destination page; ENOENT on a move
+//! skips one source hole (checked with mincore, so that a vanished destination is not mistaken
+//! for a hole); EAGAIN with progress retries from where it stopped; EAGAIN without progress
+//! means a munmap/madvise/mremap event is pending (`mmap_changing`), so pending messages are read
+//! and their events applied before retrying. Anything else ends the install; the bits of pages
+//! not installed are released and the thread, woken, faults again if it still needs to.
+//!
+//! Fail open: if this thread panics or stops on an error, [`FailOpen`] closes the userfaultfd.
+//! The kernel then wakes every blocked fault and serves all later ones natively.
+
+use crate::options::Options;
+use crate::predict::{handback_span, Outcome, Predictor, Tuning};
+use crate::region::Range;
+use crate::stats::Stats;
+use crate::sys::mman::PAGE_SIZE;
+use crate::sys::thread::{self, ThreadClock};
+use crate::sys::uffd::{Msg, Progress, RawMsg, Uffd};
+use crate::zero::ZeroSource;
+use crate::Shared;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Messages read per read(2).
+const BATCH: usize = 64;
+/// Times an install is retried after draining events before giving up on it.
+const EVENT_RETRIES: u32 = 8;
+/// Predictor entries kept before the table is reset (threads and ranges come and go).
+const MAX_PREDICTORS: usize = 4096;
+
+/// Closes the userfaultfd when the handler thread ends other than by an orderly stop.
+struct FailOpen<'a>(&'a Shared);
+
+impl Drop for FailOpen<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            Stats::add(&self.0.stats.handler_panics, 1);
+        }
+        if !self.0.stopping.load(Acquire) {
+            self.0.fail_open();
+        }
+    }
+}
+
+/// The thread's body.
+pub(crate) fn run(shared: Arc<Shared>) {
+    let _fail_open = FailOpen(&shared);
+    let guard = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+    let Some(uffd) = guard.as_ref() else { return };
+    let mut h = Handler::new(&shared, uffd);
+    let mut buf = [RawMsg::default(); BATCH];
+    let clock = ThreadClock::current();
+    let (mut counted, mut last_count) = (Duration::ZERO, Instant::now());
+    while !shared.stopping.load(Acquire) {
+        if let Some(m) = h.queue.pop_front() {
+            h.handle(m);
+            continue;
+        }
+        h.seq = shared.ranges.seq();
+        let n = match uffd.read(&mut buf) {
+            Ok(n) => n,
+            Err(_) => break, // the descriptor is unusable: fail open
+        };
+        if n == 0 {
+            if last_count.elapsed() > Duration::from_millis(1) {
+                let now = clock.read();
+                Stats::add(&shared.stats.handler_cpu_ns, (now - counted).as_nanos() as u64);
+                (counted, last_count) = (now, Instant::now());
+            }
+            if thread::poll2(uffd.raw_fd(), shared.wakeup.raw_fd()).is_err() {
+                break;
+            }
+            continue;
+        }
+        for m in &buf[..n] {
+            h.handle(m.decode());
+        }
+    }
+    let now = clock.read();
+    Stats::add(
+        &shared.stats.handler_cpu_ns,
+        now.saturating_sub(counted).as_nanos() as u64,
+    );
+}
+
+/// How an install of one run ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Done {
+    /// Every page installed (or found present).
+    All,
+    /// Stopped early at this byte offset; the rest was not installed.
+    Stopped(usize),
+}
+
+struct Handler<'a> {
+    shared: &'a Shared,
+    uffd: &'a Uffd,
+    opts: &'a Options,
+    tuning: Tuning,
+    zero: &'a ZeroSource,
+    can_move: bool,
+    predictors: HashMap<(u64, u32), Predictor>,
+    runs: Vec<(u64, u64)>,
+    /// Messages read while draining for events, handled next.
+    queue: VecDeque<Msg>,
+    /// Table sequence noted before the last read: events apply to ranges registered by then.
+    seq: u64,
+    events: u64,
+}
+
+impl<'a> Handler<'a> {
+    fn new(shared: &'a Shared, uffd: &'a Uffd) -> Handler<'a> {
+        let opts = &shared.opts;
+        Handler {
+            shared,
+            uffd,
+            opts,
+            tuning: Tuning {
+                start_order: opts.start_order,
+                order_step: opts.order_step,
+                max_order: opts.max_order,
+            },
+            zero: &shared.zero,
+            can_move: opts.pool && shared.pool.is_some() && uffd.features().has(crate::sys::uffd::Features::MOVE),
+            predictors: HashMap::new(),
+            runs: Vec::new(),
+            queue: VecDeque::new(),
+            seq: 0,
+            events: 0,
+        }
+    }
+
+    fn stats(&self) -> &'a Stats {
+        &self.shared.stats
+    }
+
+    fn handle(&mut self, m: Msg) {
+        let seq = self.seq;
+        let stats = self.stats();
+        match m {
+            Msg::PageFault { addr, write, tid } => self.fault(addr, write, tid),
+            Msg::Remove { start, end } => {
+                Stats::add(&stats.events_remove, 1);
+                Stats::add(&stats.pages_forgotten, self.shared.ranges.forget(start, end, seq));
+            }
+            Msg::Unmap { start, end } => {
+                Stats::add(&stats.events_unmap, 1);
+                Stats::add(&stats.pages_forgotten, self.shared.ranges.unmap(start, end, seq));
+            }
+            Msg::Remap { from, to, len } => {
+                Stats::add(&stats.events_remap, 1);
+                self.shared.ranges.remap(from, to, len, seq);
+            }
+            Msg::Fork | Msg::Unknown(_) => {}
+        }
+    }
+
+    fn fault(&mut self, addr: usize, write: bool, tid: u32) {
+        let stats = self.stats();
+        Stats::add(&stats.fault_events, 1);
+        Stats::add(if write { &stats.write_faults } else { &stats.read_faults }, 1);
+        self.events += 1;
+        if self.opts.panic_after != 0 && self.events == self.opts.panic_after {
+            panic!(
+                "zerofault: ZEROFAULT_PANIC_AFTER={} reached (testing fail-open)",
+                self.opts.panic_after
+            );
+        }
+        let page_addr = addr & !(PAGE_SIZE - 1);
+        let Some(range) = self.shared.ranges.find(page_addr) else {
+            Stats::add(&stats.unknown_faults, 1);
+            self.install_one(page_addr, write);
+            return;
+        };
+        let page = range.page_of(page_addr);
+        if range.map.is_claimed(page) {
+            Stats::add(&stats.already_present, 1);
+            self.install_one(page_addr, write);
+            return;
+        }
+
+        if self.predictors.len() >= MAX_PREDICTORS {
+            self.predictors.clear();
+        }
+        let w = self
+            .predictors
+            .entry((range.id, tid))
+            .or_default()
+            .on_fault(page, range.pages, &self.tuning);
+        Stats::add(
+            match w.outcome {
+                Outcome::Start => &stats.predict_starts,
+                Outcome::Hit => &stats.predict_hits,
+                Outcome::Miss => &stats.predict_misses,
+            },
+            1,
+        );
+        let handback =
+            range
+                .misses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(w.outcome, page, self.opts.handback_misses);
+        if let Some((lo, hi)) = handback {
+            if self.hand_back(&range, lo, hi) && range.map.is_claimed(page) {
+                // The faulting page went back to the kernel with the rest: let it fault natively.
+                let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+                return;
+            }
+        }
+        Stats::add(&stats.window_order[w.order as usize], 1);
+
+        let mut runs = std::mem::take(&mut self.runs);
+        runs.clear();
+        range.map.claim(w.first, w.pages, &mut runs);
+        let mut woken = false;
+        for &(first, n) in &runs {
+            let dst = range.addr_of(first);
+            let len = n as usize * PAGE_SIZE;
+            let done = if write {
+                self.install_write(dst, len)
+            } else {
+                self.install_read(dst, len)
+            };
+            let installed_to = match done {
+                Done::All => dst + len,
+                Done::Stopped(off) => {
+                    // Release what was not installed, so that a later window tries it again.
+                    range
+                        .map
+                        .clear(range.page_of(dst + off), ((len - off) / PAGE_SIZE) as u64);
+                    dst + off
+                }
+            };
+            woken |= page_addr >= dst && page_addr < installed_to;
+        }
+        self.runs = runs;
+        if !woken {
+            let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+        }
+        if w.outcome == Outcome::Hit && write {
+            self.want_pool();
+        }
+    }
+
+    /// A sequential writer is proven: keep the pool between its watermarks from now on. Random
+    /// or read-only faults never start the scrub thread, so a program that does not stream
+    /// through fresh memory pays for no pool at all.
+    fn want_pool(&self) {
+        let Some(pool) = self.shared.pool.as_ref() else { return };
+        if !self.shared.active.load(Relaxed) {
+            self.shared.active.store(true, Release);
+        }
+        if pool.available() < (self.opts.scrub_start / PAGE_SIZE) as u64 {
+            self.shared.scrub.kick();
+        }
+    }
+
+    /// Unregisters the span of `range` that misses `[lo, hi]` call for (see
+    /// [`crate::predict::handback_span`]): the kernel serves it natively from now on.
+    fn hand_back(&mut self, range: &Arc<Range>, lo: u64, hi: u64) -> bool {
+        let (first, end) = handback_span(lo, hi, range.pages);
+        let (addr, len) = (range.addr_of(first), (end - first) as usize * PAGE_SIZE);
+        if self.uffd.unregister(addr, len).is_err() {
+            return false;
+        }
+        range.map.set(first, end - first);
+        Stats::add(&self.stats().handbacks, 1);
+        Stats::add(&self.stats().pages_handed_back, end - first);
+        true
+    }
+
+    /// Serves one page outside the window logic (already-claimed or unknown pages) and wakes it.
+    fn install_one(&mut self, page_addr: usize, write: bool) {
+        let p = if write {
+            self.install_write(page_addr, PAGE_SIZE)
+        } else {
+            self.install_read(page_addr, PAGE_SIZE)
+        };
+        if p != Done::All {
+            Stats::add(&self.stats().install_errors, 1);
+        }
+        let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+    }
+
+    /// Reads pending messages: events are applied now, faults queued. Called when an install
+    /// got EAGAIN without progress, i.e. an event is waiting to be read.
+    fn drain_events(&mut self) {
+        Stats::add(&self.stats().drained_for_events, 1);
+        let mut buf = [RawMsg::default(); BATCH];
+        self.seq = self.shared.ranges.seq();
+        let n = self.uffd.read(&mut buf).unwrap_or(0);
+        for m in &buf[..n] {
+            match m.decode() {
+                f @ Msg::PageFault { .. } => self.queue.push_back(f),
+                e => self.handle(e),
+            }
+        }
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// The shared loop of every install: calls `op(offset, len)` until `[dst, dst + len)` is
+    /// done, skipping present pages. `op` returns the ioctl's progress; `on_hole` is asked what to
+    /// do on ENOENT (true: a source page was a hole and was skipped, retry).
+    fn install_loop(
+        &mut self,
+        len: usize,
+        mut op: impl FnMut(&mut Self, usize, usize) -> Progress,
+        mut on_enoent: impl FnMut(&mut Self, usize) -> bool,
+    ) -> Done {
+        let mut off = 0;
+        let mut retries = 0;
+        while off < len {
+            let p = op(self, off, len - off);
+            off += p.done;
+            match p.errno {
+                None => {}
+                Some(libc::EEXIST) => {
+                    Stats::add(&self.stats().partial_installs, 1);
+                    off += PAGE_SIZE;
+                }
+                Some(libc::EAGAIN) if p.done > 0 => {}
+                Some(libc::EAGAIN) => {
+                    retries += 1;
+                    if retries > EVENT_RETRIES {
+                        return Done::Stopped(off);
+                    }
+                    self.drain_events();
+                }
+                Some(libc::ENOENT) if on_enoent(self, off) => {}
+                Some(_) => return Done::Stopped(off),
+            }
+        }
+        Done::All
+    }
+
+    /// Installs zero pages for a write: moved from the pool where it has pages, else copied.
+    fn install_write(&mut self, dst: usize, len: usize) -> Done {
+        if !self.can_move {
+            let n = self.copy(dst, len, CopyWhy::NoMove);
+            return n;
+        }
+        let pool = self.shared.pool.as_ref().expect("can_move implies a pool");
+        let mut off = 0;
+        while off < len {
+            let want = ((len - off) / PAGE_SIZE) as u64;
+            let Some(run) = pool.take(want) else {
+                Stats::add(&self.stats().pool_empty, 1);
+                return match self.copy(dst + off, len - off, CopyWhy::PoolEmpty) {
+                    Done::All => Done::All,
+                    Done::Stopped(o) => Done::Stopped(off + o),
+                };
+            };
+            // Pages of the run consumed so far (moved out, or found to be holes).
+            let used = std::cell::Cell::new(0usize);
+            let run_len = run.pages as usize * PAGE_SIZE;
+            let seg_start = off;
+            let seg_len = (len - off).min(run_len);
+            let mut moved = 0u64;
+            let done = self.install_loop(
+                seg_len,
+                |h, o, rest| {
+                    // `o` destination bytes are done; skipped destination pages did not use
+                    // source pages, so the source offset is tracked separately.
+                    let src_left = run_len - used.get();
+                    if src_left == 0 {
+                        return Progress {
+                            done: 0,
+                            errno: Some(libc::ENOSPC),
+                        };
+                    }
+                    let n = rest.min(src_left);
+                    let p = h.uffd.move_pages(dst + seg_start + o, run.addr + used.get(), n);
+                    used.set(used.get() + p.done);
+                    moved += (p.done / PAGE_SIZE) as u64;
+                    p
+                },
+                |_, _| {
+                    // A source hole, or a destination gone? mincore on the source page tells.
+                    if used.get() < run_len && !pool.is_populated(run.addr + used.get()) {
+                        used.set(used.get() + PAGE_SIZE);
+                        true
+                    } else {
+                        false
+                    }
+                },
+            );
+            Stats::add(&self.stats().pages_moved, moved);
+            let stopped_at = match done {
+                Done::All => seg_len,
+                Done::Stopped(o) => o,
+            };
+            let used = used.get();
+            pool.untake(run, ((run_len - used) / PAGE_SIZE) as u64);
+            off = seg_start + stopped_at;
+            if let Done::Stopped(_) = done {
+                if used == run_len && stopped_at < seg_len {
+                    // The run ran out of source pages (holes): take more.
+                    continue;
+                }
+                // The move was refused (EBUSY after fork, EINVAL on incompatible VMAs):
+                // copy the rest; if the destination is gone, the copy stops too.
+                return match self.copy(dst + off, len - off, CopyWhy::MoveRefused) {
+                    Done::All => Done::All,
+                    Done::Stopped(o) => Done::Stopped(off + o),
+                };
+            }
+        }
+        Done::All
+    }
+
+    /// UFFDIO_COPY from the zero source, in chunks of its size.
+    fn copy(&mut self, dst: usize, len: usize, why: CopyWhy) -> Done {
+        let zero = self.zero.addr();
+        let mut copied = 0u64;
+        let done = self.install_loop(
+            len,
+            |h, o, rest| {
+                let p = h.uffd.copy(dst + o, zero, rest.min(ZeroSource::LEN));
+                copied += (p.done / PAGE_SIZE) as u64;
+                p
+            },
+            |_, _| false,
+        );
+        let stats = self.stats();
+        Stats::add(&stats.pages_copied, copied);
+        Stats::add(
+            match why {
+                CopyWhy::NoMove => &stats.copy_no_move,
+                CopyWhy::PoolEmpty => &stats.copy_pool_empty,
+                CopyWhy::MoveRefused => &stats.copy_move_refused,
+            },
+            copied,
+        );
+        done
+    }
+
+    /// Maps the zero page for a read.
+    fn install_read(&mut self, dst: usize, len: usize) -> Done {
+        let mut mapped = 0u64;
+        let done = self.install_loop(
+            len,
+            |h, o, rest| {
+                let p = h.uffd.zeropage(dst + o, rest);
+                mapped += (p.done / PAGE_SIZE) as u64;
+                p
+            },
+            |_, _| false,
+        );
+        Stats::add(&self.stats().pages_zero_mapped, mapped);
+        done
+    }
+}
+
+#[derive(Clone, Copy)]
+enum CopyWhy {
+    NoMove,
+    PoolEmpty,
+    MoveRefused,
+}

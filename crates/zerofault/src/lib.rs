@@ -1,0 +1,355 @@
+//! # zerofault: anonymous page faults served from a pre-zeroed pool
+//!
+//! Five Linux postings from 2004–2006 made the anonymous fault path fast: **anticipatory
+//! prefaulting** (seed 000: predict sequential faults and prepare pages ahead of them),
+//! **prezeroing** (seeds 002/003: hand out pages a background scrub daemon zeroed earlier), and
+//! **fault scalability** (seed 004: populate empty page-table entries with atomic operations).
+//! zerofault does the same in user space, on an unmodified Linux ≥ 6.8, through userfaultfd:
+//! the engine registers the program's large anonymous regions, and a handler thread answers
+//! their missing-page faults with pages that a scrub thread prepared earlier, moved into place
+//! with `UFFDIO_MOVE` (the page frames change owner; no byte is copied).
+//!
+//! Why it pays (shared/notes/uffd-facts.md, this machine kind): a native 4 KiB first touch
+//! costs ~1,700 ns per page. One userfaultfd round trip costs ~15 µs, but it can install a whole
+//! window: at 512 pages the faulting thread spends ~100 ns per page, at 2048 ~84.
+//!
+//! ## The life of a fault
+//! 1. A thread writes to a page of a [`Region`] that has no page yet. The kernel blocks it and
+//!    queues a message on the userfaultfd: address, read or write, thread id.
+//! 2. The handler thread ([`fault`]) reads it, finds the range ([`region`]) and asks that
+//!    thread's predictor ([`predict`]) for a window: 16 pages for a first fault, four times
+//!    more each time the fault lands where the last window ended, up to 2048; one page for a
+//!    fault nobody predicted.
+//! 3. It claims the window in the range's page-state map ([`pagemap`]): one atomic `fetch_or`
+//!    per 64 pages. The bits it set are the pages it installs; bits already set belong to
+//!    someone else. So two handlers never install the same page, and no lock is taken.
+//! 4. For a write it takes contiguous runs of ready pages from the pool ([`pool`]) and moves
+//!    each run with one `UFFDIO_MOVE`; that ioctl also wakes the blocked thread. A read maps
+//!    the shared zero page (`UFFDIO_ZEROPAGE`), spending no pool page, as the seed did.
+//! 5. If the pool is empty the window is copied from a zero source (`UFFDIO_COPY`), and the
+//!    scrub thread is kicked. The faulting thread never waits for the scrubber.
+//! 6. When a thread's faults in a region keep missing the predictions (random access), the
+//!    span they fell in is unregistered: the kernel serves it natively from then on, because a
+//!    round trip per sparse page would cost ten native faults.
+//!
+//! ## The life of a page
+//! 1. Reserved: the pool is one anonymous area (`MADV_NOHUGEPAGE`, `MADV_DONTFORK`) used as a
+//!    ring; at first no page exists.
+//! 2. Zeroed: the scrub thread ([`scrub`]), at `SCHED_IDLE`, populates 2 MiB runs with
+//!    `MADV_POPULATE_WRITE` whenever the pool is below `scrub_start`, until `scrub_stop`. The
+//!    kernel zero-fills them there, off every critical path (seed 003: zero cold pages, in bulk,
+//!    on an idle CPU).
+//! 3. Served: a fault's window moves it from the pool into the program's region. It is now an
+//!    ordinary anonymous page of the program: swapped, migrated, freed like any other.
+//! 4. Forgotten: when the program drops it (`madvise(MADV_DONTNEED)`, `munmap`, `mremap`), the
+//!    kernel tells the handler (REMOVE / UNMAP / REMAP events) and the page's state bit is
+//!    cleared, so the next touch is served again and reads zero.
+//!
+//! ## Failing open
+//! Everything the engine does is an optimisation of what the kernel would do anyway. If the
+//! handler thread panics or hits an error, or the [`Engine`] is dropped, the userfaultfd is
+//! closed; the kernel then wakes every blocked fault and serves every later one itself. Pages
+//! already installed stay; nothing is lost, nothing hangs.
+//!
+//! ## Where things are
+//! [`sys`] holds every unsafe syscall; [`options`] the knobs (`ZEROFAULT_<NAME>`); [`stats`] the
+//! counters; [`zero`] where zero bytes come from.
+
+pub mod fault;
+pub mod options;
+pub mod pagemap;
+pub mod pool;
+pub mod predict;
+pub mod region;
+pub mod scrub;
+pub mod stats;
+pub mod sys;
+pub mod zero;
+
+pub use options::{OptionError, Options};
+pub use region::Region;
+pub use stats::Snapshot;
+pub use sys::uffd::{Features, UffdError};
+
+use pool::Pool;
+use region::RangeTable;
+use scrub::ScrubCtl;
+use stats::Stats;
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, RwLock};
+use std::thread::JoinHandle;
+use sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use sys::thread::EventFd;
+use sys::uffd::Uffd;
+use zero::ZeroSource;
+
+/// Why the engine could not start or could not serve a request.
+#[derive(Debug)]
+pub enum EngineError {
+    /// A knob had a bad value (the message names it and what it accepts).
+    Options(OptionError),
+    /// No userfaultfd could be opened.
+    Uffd(UffdError),
+    /// The system page size is not the 4 KiB the engine serves.
+    PageSize(usize),
+    /// Mapping memory failed.
+    Map(io::Error),
+    /// Registering a range with the userfaultfd failed.
+    Register(io::Error),
+    /// Starting the handler or scrub thread failed.
+    Thread(io::Error),
+    /// An address or length was not page aligned.
+    Unaligned { addr: usize, len: usize },
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::Options(e) => write!(f, "{e}"),
+            EngineError::Uffd(e) => write!(f, "{e}"),
+            EngineError::PageSize(p) => write!(f, "the page size is {p} bytes; zerofault serves 4096-byte pages"),
+            EngineError::Map(e) => write!(f, "failed to map memory: {e}"),
+            EngineError::Register(e) => write!(f, "failed to register memory with the userfaultfd: {e}"),
+            EngineError::Thread(e) => write!(f, "failed to start an engine thread: {e}"),
+            EngineError::Unaligned { addr, len } => {
+                write!(f, "range {addr:#x}+{len:#x} is not page aligned (4096 bytes)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<OptionError> for EngineError {
+    fn from(e: OptionError) -> Self {
+        EngineError::Options(e)
+    }
+}
+
+/// State shared by the engine handle, its threads and its regions.
+#[derive(Debug)]
+pub struct Shared {
+    pub(crate) opts: Options,
+    /// `None` once the engine failed open or was dropped: the kernel serves every fault.
+    pub(crate) uffd: RwLock<Option<Uffd>>,
+    pub(crate) features: Features,
+    pub(crate) ranges: RangeTable,
+    pub(crate) pool: Option<Pool>,
+    pub(crate) zero: ZeroSource,
+    pub(crate) stats: Stats,
+    pub(crate) scrub: ScrubCtl,
+    /// Set by Engine::drop before it wakes the threads.
+    pub(crate) stopping: AtomicBool,
+    /// Set when the engine failed open.
+    pub(crate) failed: AtomicBool,
+    /// Set by the handler on the first sequential write fault: the scrub thread fills nothing
+    /// before.
+    pub(crate) active: AtomicBool,
+    pub(crate) wakeup: EventFd,
+    next_region: AtomicU64,
+}
+
+impl Shared {
+    /// Closes the userfaultfd: blocked faults are woken and every later fault is the kernel's.
+    pub(crate) fn fail_open(&self) {
+        self.failed.store(true, Release);
+        let fd = self.uffd.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(fd);
+        self.scrub.kick();
+    }
+
+    /// Records `[addr, addr + len)` in the table, then registers it. With the engine failed,
+    /// only records it (so that an owning Region still unmaps it).
+    pub(crate) fn register_range(&self, addr: usize, len: usize, owner: Option<u64>) -> io::Result<()> {
+        let r = self.ranges.insert(addr, (len / PAGE_SIZE) as u64, owner);
+        let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = uffd.as_ref() {
+            if let Err(e) = u.register(addr, len) {
+                self.ranges.remove(&r);
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The engine: a userfaultfd, its handler thread, the pool and its scrub thread.
+///
+/// Dropping it stops both threads and closes the userfaultfd (regions still alive keep their
+/// memory; the kernel serves their faults from then on).
+#[derive(Debug)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    handler: Option<JoinHandle<()>>,
+    scrubber: Option<JoinHandle<()>>,
+}
+
+/// Whether this process can open a userfaultfd, and with which features.
+pub fn probe() -> Result<Features, UffdError> {
+    Uffd::open().map(|u| u.features())
+}
+
+impl Engine {
+    /// Starts an engine with the given options.
+    pub fn new(opts: Options) -> Result<Engine, EngineError> {
+        opts.validate()?;
+        let page = mman::system_page_size();
+        if page != PAGE_SIZE {
+            return Err(EngineError::PageSize(page));
+        }
+        let uffd = Uffd::open().map_err(EngineError::Uffd)?;
+        let features = uffd.features();
+        let pool = if opts.pool && features.has(Features::MOVE) {
+            Some(Pool::new(opts.pool_max).map_err(EngineError::Map)?)
+        } else {
+            None
+        };
+        let shared = Arc::new(Shared {
+            uffd: RwLock::new(Some(uffd)),
+            features,
+            ranges: RangeTable::default(),
+            pool,
+            zero: ZeroSource::new().map_err(EngineError::Map)?,
+            stats: Stats::default(),
+            scrub: ScrubCtl::default(),
+            stopping: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            active: AtomicBool::new(false),
+            wakeup: EventFd::new().map_err(EngineError::Thread)?,
+            next_region: AtomicU64::new(1),
+            opts,
+        });
+        let mut engine = Engine {
+            shared: shared.clone(),
+            handler: None,
+            scrubber: None,
+        };
+        let s = shared.clone();
+        engine.handler = Some(
+            std::thread::Builder::new()
+                .name("zerofault-fault".into())
+                .spawn(move || fault::run(s))
+                .map_err(EngineError::Thread)?,
+        );
+        if shared.pool.is_some() {
+            let s = shared.clone();
+            engine.scrubber = Some(
+                std::thread::Builder::new()
+                    .name("zerofault-scrub".into())
+                    .spawn(move || scrub::run(s))
+                    .map_err(EngineError::Thread)?,
+            );
+        }
+        Ok(engine)
+    }
+
+    /// Starts an engine with the options of the environment (`ZEROFAULT_<NAME>`).
+    pub fn from_env() -> Result<Engine, EngineError> {
+        Engine::new(Options::from_env()?)
+    }
+
+    /// Maps `len` bytes (rounded up to pages) of anonymous private memory, 2 MiB aligned,
+    /// `MADV_NOHUGEPAGE` (the pool moves 4 KiB pages), registered with the engine.
+    ///
+    /// With the engine failed open, returns plain memory that the kernel serves.
+    pub fn map(&self, len: usize) -> Result<Region, EngineError> {
+        let len = len.max(1).next_multiple_of(PAGE_SIZE);
+        let addr =
+            mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, false).map_err(EngineError::Map)?;
+        let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
+        let id = self.shared.next_region.fetch_add(1, Relaxed);
+        if let Err(e) = self.shared.register_range(addr, len, Some(id)) {
+            let _ = mman::unmap(addr, len);
+            return Err(EngineError::Register(e));
+        }
+        Ok(Region {
+            shared: self.shared.clone(),
+            id,
+            addr,
+            len,
+            owned: true,
+        })
+    }
+
+    /// Serves the faults of memory mapped elsewhere. Dropping the Region unregisters it and
+    /// leaves the mapping to its owner.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must be page aligned, anonymous private read-write memory that stays
+    /// mapped while the Region lives, and must not be registered with another userfaultfd.
+    /// Its pages that are not present will be filled with zeros on first touch, as the kernel
+    /// would.
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region, EngineError> {
+        let addr = ptr as usize;
+        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
+            return Err(EngineError::Unaligned { addr, len });
+        }
+        let id = self.shared.next_region.fetch_add(1, Relaxed);
+        self.shared
+            .register_range(addr, len, Some(id))
+            .map_err(EngineError::Register)?;
+        Ok(Region {
+            shared: self.shared.clone(),
+            id,
+            addr,
+            len,
+            owned: false,
+        })
+    }
+
+    /// Fills the pool until it holds `bytes` (capped at `pool_max`) on the calling thread, for
+    /// callers that want the pool warm before a critical phase; the scrub thread keeps it
+    /// between its watermarks from then on. No-op without a pool.
+    pub fn prefill(&self, bytes: usize) -> io::Result<()> {
+        match &self.shared.pool {
+            Some(p) => {
+                self.shared.active.store(true, Release);
+                p.fill_to((bytes / PAGE_SIZE) as u64, &self.shared.stats, || false)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// Pages ready in the pool.
+    pub fn pool_pages(&self) -> u64 {
+        self.shared.pool.as_ref().map_or(0, Pool::available)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Snapshot {
+        self.shared.stats.snapshot()
+    }
+
+    /// The options the engine runs with.
+    pub fn options(&self) -> &Options {
+        &self.shared.opts
+    }
+
+    /// The userfaultfd features in use.
+    pub fn features(&self) -> Features {
+        self.shared.features
+    }
+
+    /// False once the engine failed open (the kernel serves every fault).
+    pub fn is_active(&self) -> bool {
+        !self.shared.failed.load(Acquire)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Release);
+        self.shared.wakeup.signal();
+        self.shared.scrub.kick();
+        for t in [self.handler.take(), self.scrubber.take()].into_iter().flatten() {
+            let _ = t.join();
+        }
+        // Closing the descriptor hands every registered range back to the kernel.
+        drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+        // Regions may outlive the engine and keep `Shared` alive: free the pool's pages now.
+        if let Some(p) = &self.shared.pool {
+            p.release_all();
+        }
+    }
+}

@@ -1,0 +1,405 @@
+//! The knobs: one table, read from `ZEROFAULT_<NAME>` environment variables.
+//!
+//! Each row of [`options!`] declares a knob's name, its kind (what it accepts), its default and
+//! its documentation; the struct, the parser, the printed table and the README's list are all
+//! generated from it, so they never disagree. Booleans accept 1/true/yes/on and 0/false/no/off;
+//! sizes accept a byte count with an optional K, M or G (binary) suffix.
+//!
+//! A bad value is an [`OptionError`] whose message is one line naming the variable and what it
+//! accepts.
+
+use std::fmt;
+
+/// One kind of knob value: how it is parsed, shown, and described.
+pub trait Kind {
+    type Value: Clone + fmt::Debug + PartialEq;
+    /// What the knob accepts, for error messages and the table ("an integer 0..=13").
+    const ACCEPTS: &'static str;
+    fn parse(s: &str) -> Option<Self::Value>;
+    fn show(v: &Self::Value) -> String;
+}
+
+/// on/off.
+pub struct Bool;
+impl Kind for Bool {
+    type Value = bool;
+    const ACCEPTS: &'static str = "on/off (1/0, true/false, yes/no)";
+    fn parse(s: &str) -> Option<bool> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "1" | "true" | "yes" | "on" => Some(true),
+            "0" | "false" | "no" | "off" => Some(false),
+            _ => None,
+        }
+    }
+    fn show(v: &bool) -> String {
+        if *v { "on" } else { "off" }.into()
+    }
+}
+
+/// A byte size, page aligned on use.
+pub struct Size;
+impl Kind for Size {
+    type Value = usize;
+    const ACCEPTS: &'static str = "a size in bytes with optional K/M/G suffix (e.g. 64M)";
+    fn parse(s: &str) -> Option<usize> {
+        parse_size(s)
+    }
+    fn show(v: &usize) -> String {
+        show_size(*v)
+    }
+}
+
+/// A window order: 2^order pages.
+pub struct Order;
+impl Kind for Order {
+    type Value = u8;
+    const ACCEPTS: &'static str = "an integer order 0..=13 (a window of 2^order pages)";
+    fn parse(s: &str) -> Option<u8> {
+        s.trim().parse::<u8>().ok().filter(|o| *o <= MAX_ORDER)
+    }
+    fn show(v: &u8) -> String {
+        v.to_string()
+    }
+}
+
+/// Orders added per predicted fault.
+pub struct Step;
+impl Kind for Step {
+    type Value = u8;
+    const ACCEPTS: &'static str = "an integer 0..=13 (orders added per predicted fault)";
+    fn parse(s: &str) -> Option<u8> {
+        Order::parse(s)
+    }
+    fn show(v: &u8) -> String {
+        v.to_string()
+    }
+}
+
+/// A non-negative count.
+pub struct Count;
+impl Kind for Count {
+    type Value = u64;
+    const ACCEPTS: &'static str = "a non-negative integer";
+    fn parse(s: &str) -> Option<u64> {
+        s.trim().parse().ok()
+    }
+    fn show(v: &u64) -> String {
+        v.to_string()
+    }
+}
+
+/// A load-average threshold per CPU, or off.
+pub struct Load;
+impl Kind for Load {
+    type Value = Option<f64>;
+    const ACCEPTS: &'static str = "off, or a load average per CPU greater than 0 (e.g. 0.8)";
+    fn parse(s: &str) -> Option<Option<f64>> {
+        let s = s.trim();
+        if s.eq_ignore_ascii_case("off") {
+            return Some(None);
+        }
+        s.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0).map(Some)
+    }
+    fn show(v: &Option<f64>) -> String {
+        v.map_or("off".into(), |x| x.to_string())
+    }
+}
+
+/// The largest window order any knob accepts: 8192 pages, 32 MiB.
+pub const MAX_ORDER: u8 = 13;
+
+/// Parses `123`, `64K`, `2M`, `1G` (binary units, optional trailing `B`/`iB`).
+pub fn parse_size(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let s = s.strip_suffix("iB").or_else(|| s.strip_suffix('B')).unwrap_or(s);
+    let (digits, shift) = match s.chars().last()? {
+        'k' | 'K' => (&s[..s.len() - 1], 10),
+        'm' | 'M' => (&s[..s.len() - 1], 20),
+        'g' | 'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    let n: usize = digits.trim().parse().ok()?;
+    n.checked_mul(1usize << shift)
+}
+
+/// Shows a size with the largest exact binary suffix.
+pub fn show_size(v: usize) -> String {
+    for (shift, suffix) in [(30, "G"), (20, "M"), (10, "K")] {
+        if v != 0 && v % (1 << shift) == 0 {
+            return format!("{}{suffix}", v >> shift);
+        }
+    }
+    v.to_string()
+}
+
+/// A knob value that was refused.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptionError(String);
+
+impl OptionError {
+    fn bad_value(name: &str, value: &str, accepts: &str) -> OptionError {
+        OptionError(format!("{}={value:?} is invalid: it accepts {accepts}", env_name(name)))
+    }
+    fn conflict(msg: String) -> OptionError {
+        OptionError(msg)
+    }
+}
+
+impl fmt::Display for OptionError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OptionError {}
+
+/// The environment variable of a knob: `max_order` -> `ZEROFAULT_MAX_ORDER`.
+pub fn env_name(knob: &str) -> String {
+    format!("ZEROFAULT_{}", knob.to_ascii_uppercase())
+}
+
+/// One row of the table, for printing.
+#[derive(Clone, Debug)]
+pub struct KnobInfo {
+    pub name: &'static str,
+    pub default: &'static str,
+    pub accepts: &'static str,
+    pub doc: &'static str,
+}
+
+macro_rules! options {
+    ($( $(#[doc = $doc:literal])+ $name:ident : $kind:ident = $default:literal, )*) => {
+        /// Every knob of the engine, with its current value.
+        #[derive(Clone, Debug, PartialEq)]
+        pub struct Options {
+            $( $(#[doc = $doc])+ pub $name: <$kind as Kind>::Value, )*
+        }
+
+        impl Default for Options {
+            fn default() -> Options {
+                Options {
+                    $( $name: <$kind as Kind>::parse($default).expect(concat!("default of ", stringify!($name))), )*
+                }
+            }
+        }
+
+        impl Options {
+            /// The table: name, default, what it accepts, doc.
+            pub const TABLE: &'static [KnobInfo] = &[
+                $( KnobInfo {
+                    name: stringify!($name),
+                    default: $default,
+                    accepts: <$kind as Kind>::ACCEPTS,
+                    doc: concat!($($doc, "\n"),+),
+                }, )*
+            ];
+
+            /// Sets one knob by name (`max_order`, `max-order` or `ZEROFAULT_MAX_ORDER`).
+            pub fn set(&mut self, name: &str, value: &str) -> Result<(), OptionError> {
+                let key = name.trim().to_ascii_lowercase().replace('-', "_");
+                let key = key.strip_prefix("zerofault_").unwrap_or(&key);
+                match key {
+                    $( stringify!($name) => {
+                        self.$name = <$kind as Kind>::parse(value).ok_or_else(|| {
+                            OptionError::bad_value(stringify!($name), value, <$kind as Kind>::ACCEPTS)
+                        })?;
+                    } )*
+                    _ => {
+                        let known: Vec<&str> = vec![$(stringify!($name)),*];
+                        return Err(OptionError(format!(
+                            "unknown knob {name:?}: known knobs are {}", known.join(", ")
+                        )));
+                    }
+                }
+                Ok(())
+            }
+
+            /// Current values as (name, shown value) pairs, in table order.
+            pub fn values(&self) -> Vec<(&'static str, String)> {
+                vec![ $( (stringify!($name), <$kind as Kind>::show(&self.$name)), )* ]
+            }
+
+            /// Reads every `ZEROFAULT_<NAME>` through `lookup`, starting from the defaults.
+            pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Options, OptionError> {
+                let mut o = Options::default();
+                $( if let Some(v) = lookup(&env_name(stringify!($name))) { o.set(stringify!($name), &v)?; } )*
+                o.validate()?;
+                Ok(o)
+            }
+        }
+    };
+}
+
+options! {
+    /// Serve write faults with UFFDIO_MOVE from the pre-zeroed pool. Off forces the
+    /// UFFDIO_COPY path (pages zero-filled on the faulting critical path).
+    pool: Bool = "on",
+    /// Hard cap on the pool: address space reserved for pre-zeroed pages.
+    pool_max: Size = "256M",
+    /// The scrub thread starts refilling when the pool holds less than this.
+    scrub_start: Size = "32M",
+    /// The scrub thread stops refilling when the pool holds this much.
+    scrub_stop: Size = "64M",
+    /// No scrubbing while the 1-minute load average per CPU is above this (seed 003's
+    /// scrub_load).
+    scrub_load: Load = "off",
+    /// Window order of a new sequential stream: its first fault installs 2^order pages.
+    start_order: Order = "4",
+    /// Orders added on each predicted (sequential) fault: the window grows 2^step times.
+    order_step: Step = "2",
+    /// Largest window order: at most 2^order pages are installed per fault.
+    max_order: Order = "11",
+    /// Unpredicted faults in a row, in one region, after which the part of the region they
+    /// fell in is handed back to the kernel (unregistered). 0 never hands back.
+    handback_misses: Count = "8",
+    /// Testing only: the fault handler panics on this fault event (0 = never), to exercise
+    /// fail-open.
+    panic_after: Count = "0",
+}
+
+impl Options {
+    /// Reads the process environment.
+    pub fn from_env() -> Result<Options, OptionError> {
+        Options::from_lookup(|k| std::env::var(k).ok())
+    }
+
+    /// Checks the relations between knobs.
+    pub fn validate(&self) -> Result<(), OptionError> {
+        if self.scrub_start > self.scrub_stop {
+            return Err(OptionError::conflict(format!(
+                "ZEROFAULT_SCRUB_START={} is above ZEROFAULT_SCRUB_STOP={}: it accepts a size at most scrub_stop",
+                show_size(self.scrub_start),
+                show_size(self.scrub_stop)
+            )));
+        }
+        if self.scrub_stop > self.pool_max {
+            return Err(OptionError::conflict(format!(
+                "ZEROFAULT_SCRUB_STOP={} is above ZEROFAULT_POOL_MAX={}: it accepts a size at most pool_max",
+                show_size(self.scrub_stop),
+                show_size(self.pool_max)
+            )));
+        }
+        if self.start_order > self.max_order {
+            return Err(OptionError::conflict(format!(
+                "ZEROFAULT_START_ORDER={} is above ZEROFAULT_MAX_ORDER={}: it accepts an order at most max_order",
+                self.start_order, self.max_order
+            )));
+        }
+        Ok(())
+    }
+
+    /// The table as Markdown, for the README (a test keeps the README's copy equal to this).
+    pub fn table_markdown() -> String {
+        let mut s = String::from("| variable | default | accepts | what it does |\n|---|---|---|---|\n");
+        for k in Options::TABLE {
+            let doc = k.doc.split_whitespace().collect::<Vec<_>>().join(" ");
+            s += &format!("| `{}` | `{}` | {} | {doc} |\n", env_name(k.name), k.default, k.accepts);
+        }
+        s
+    }
+
+    /// The table as aligned text: one knob a line, for `zerofault options`.
+    pub fn table_text() -> String {
+        let mut s = String::new();
+        for k in Options::TABLE {
+            let doc = k.doc.split_whitespace().collect::<Vec<_>>().join(" ");
+            s += &format!(
+                "{:<28} default {:<6} {doc} Accepts {}.\n",
+                env_name(k.name),
+                k.default,
+                k.accepts
+            );
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env(pairs: &[(&str, &str)]) -> Result<Options, OptionError> {
+        let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Options::from_lookup(|k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn defaults_parse_and_validate() {
+        let o = Options::default();
+        o.validate().unwrap();
+        assert!(o.pool);
+        assert_eq!(o.scrub_stop, 64 << 20);
+        assert_eq!(env(&[]).unwrap(), o);
+    }
+
+    #[test]
+    fn env_values_are_read() {
+        let o = env(&[
+            ("ZEROFAULT_MAX_ORDER", "9"),
+            ("ZEROFAULT_POOL", "off"),
+            ("ZEROFAULT_SCRUB_LOAD", "0.5"),
+        ])
+        .unwrap();
+        assert_eq!(o.max_order, 9);
+        assert!(!o.pool);
+        assert_eq!(o.scrub_load, Some(0.5));
+    }
+
+    #[test]
+    fn bad_values_name_the_knob_and_what_it_accepts_on_one_line() {
+        for (k, v, accepts) in [
+            ("ZEROFAULT_MAX_ORDER", "14", "0..=13"),
+            ("ZEROFAULT_MAX_ORDER", "x", "0..=13"),
+            ("ZEROFAULT_POOL", "maybe", "on/off"),
+            ("ZEROFAULT_POOL_MAX", "12Q", "K/M/G"),
+            ("ZEROFAULT_SCRUB_LOAD", "-1", "off, or a load"),
+            ("ZEROFAULT_HANDBACK_MISSES", "-3", "non-negative integer"),
+        ] {
+            let e = env(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{k}=")), "{e}");
+            assert!(e.contains(accepts), "{e}");
+            assert!(!e.contains('\n'), "{e}");
+        }
+    }
+
+    #[test]
+    fn relations_between_knobs_are_checked() {
+        let e = env(&[("ZEROFAULT_SCRUB_START", "128M")]).unwrap_err().to_string();
+        assert!(e.contains("ZEROFAULT_SCRUB_START") && e.contains("scrub_stop"), "{e}");
+        let e = env(&[("ZEROFAULT_SCRUB_STOP", "1G")]).unwrap_err().to_string();
+        assert!(e.contains("ZEROFAULT_POOL_MAX"), "{e}");
+        let e = env(&[("ZEROFAULT_START_ORDER", "12")]).unwrap_err().to_string();
+        assert!(e.contains("ZEROFAULT_MAX_ORDER"), "{e}");
+    }
+
+    #[test]
+    fn set_accepts_three_spellings_and_rejects_unknown_knobs() {
+        let mut o = Options::default();
+        o.set("max-order", "3").unwrap();
+        o.set("ZEROFAULT_START_ORDER", "1").unwrap();
+        o.set("pool", "0").unwrap();
+        assert_eq!((o.max_order, o.start_order, o.pool), (3, 1, false));
+        let e = o.set("max_ordr", "3").unwrap_err().to_string();
+        assert!(e.contains("unknown knob") && e.contains("max_order"), "{e}");
+    }
+
+    #[test]
+    fn sizes_parse_with_binary_suffixes() {
+        assert_eq!(parse_size("4096"), Some(4096));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("2MiB"), Some(2 << 20));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        assert_eq!(parse_size("1.5G"), None);
+        assert_eq!(parse_size(""), None);
+        assert_eq!(show_size(64 << 20), "64M");
+        assert_eq!(show_size(1000), "1000");
+    }
+
+    #[test]
+    fn every_knob_is_in_the_table_text() {
+        let t = Options::table_text();
+        for (name, _) in Options::default().values() {
+            assert!(t.contains(&env_name(name)), "{name}");
+        }
+    }
+}

@@ -1,0 +1,357 @@
+//! Anticipatory prefaulting (seed 000): predict the next fault, and prepare more pages ahead of it
+//! each time the prediction comes true. A pure state machine: page numbers in, windows out.
+//!
+//! ## The seed, and what changed
+//! Lameter's patch kept, per task, the address the next fault would hit if the access were
+//! sequential. A fault there doubled the pages prepared (order 0, 1, 2, 3 -> 1, 2, 4, 8 pages,
+//! max order 3); any other fault reset the order to 0. It stopped at the VMA end and at a page
+//! table boundary.
+//!
+//! In the kernel a fault costs ~1.7 µs, so a window of 8 cuts most of the overhead. Here each
+//! fault is a round trip through a handler thread, ~15 µs, and the cost per page of a window of
+//! W pages is about `15.5 µs / W + 76 ns` (shared/notes/uffd-facts.md). The defaults were chosen
+//! with `zerofault bench --mode engine --reps 7` on this project's 2-vCPU machine (ns per page of
+//! the faulting thread's wall time; runs drift ±20%, so read them as ratios):
+//! - **max order 11** (2048 pages, 8 MiB). On 1 GiB: max order 9 -> 155 ns, 10 -> 139,
+//!   11 -> 123, 12 -> 121, 13 -> 112. Past 11 the gain is under 10% while the window is also what
+//!   a sequential writer that stops may leave installed and unused (one window per stream), so
+//!   11 it is; `ZEROFAULT_MAX_ORDER` raises it for programs that only stream.
+//! - **start order 4, step 2** (16 pages, then x4 per hit: 16, 64, 256, 1024, 2048). On an
+//!   8 MiB region, where the ramp is most of the cost: the seed's start 0 / step 1 -> 441 ns,
+//!   0/2 -> 339, 2/1 -> 373, 4/1 -> 408, 4/2 -> 255, 6/2 -> 243. Start 6 is within noise of 4
+//!   but spends 64 pages on every first fault, so 4/2.
+//! - **A miss installs one page** (order 0), as in the seed: a random fault costs no more memory
+//!   than a native one. A miss still opens a stream, so if the next fault follows it, the
+//!   window jumps straight to the start order.
+//! - **No stop at page-table boundaries.** The seed stopped there to keep one PTE page locked;
+//!   UFFDIO_MOVE takes those locks itself. Clipping windows at 2 MiB measured 146-155 ns against
+//!   119-131 without (1 GiB, two runs): four times the round trips (515 against 132).
+//!
+//! ## Streams
+//! The seed had one prediction per task. A thread that fills two arrays in the same region
+//! (a column store, `memcpy` between two parts of one arena) would miss on every fault, so each
+//! thread keeps [`STREAMS`] streams per region, least recently used replaced. A fault *hits* a
+//! stream when it lands in the window that stream would install next: `[next, next + 2^order)`,
+//! so strided writers whose stride is under the window count as sequential.
+//!
+//! ## Random access goes back to the kernel
+//! [`MissRun`] counts unpredicted faults in a row in one region (any hit resets it, the first
+//! fault of a thread is neutral) and remembers the lowest and highest page they fell on. After
+//! `handback_misses` in a row it returns that span: the handler unregisters it, so the kernel
+//! serves those pages natively (the uffd round trip is ten times a native fault; serving sparse
+//! faults with windows only inflates memory). The rule is the `mmap_miss` idea of
+//! mm/filemap.c, at region granularity; the span is where the misses were, widened to whole
+//! PMDs ([`handback_span`]), so a random part of a big arena goes back while a sequential part
+//! elsewhere keeps its windows. Misses that spread over half the region or more hand back the
+//! whole region at once: spans of random misses otherwise took four hand-backs (and four runs
+//! of misses) to cover a region.
+//!
+//! Measured (`zerofault bench --gb 1 --mode native,engine --pattern random --touch 0.05`, one
+//! thread touching 13,107 random pages): 9 fault events reach the handler, one hand-back, then
+//! the kernel serves the rest; over 15 reps the engine's median wall was 0.94-0.97x native's
+//! (the machine's own spread, 25-45 ms for the same native run, is far wider than the
+//! engine's ~0.2 ms of round trips). Thresholds 1, 2, 4, 8, 16 measured 1.39, 1.07, 0.86,
+//! 0.98, 1.04x native (7 reps each, before the whole-region rule): 1 pays a hand-back and a VMA
+//! split per miss, the rest are within noise. 8 leaves a sequential writer room to stumble (a
+//! stride change, another thread's window landing in its way) without losing its region.
+
+/// Streams tracked per thread and region.
+pub const STREAMS: usize = 4;
+
+/// The window sizing knobs (from [`crate::options::Options`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Tuning {
+    pub start_order: u8,
+    pub order_step: u8,
+    pub max_order: u8,
+}
+
+/// How a fault related to the predictions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// The thread's first fault in this region.
+    Start,
+    /// The fault was where a stream expected it.
+    Hit,
+    /// Somewhere else.
+    Miss,
+}
+
+/// What to install: pages `[first, first + pages)`; `order` is the window asked for before
+/// clipping to the region.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Window {
+    pub first: u64,
+    pub pages: u64,
+    pub order: u8,
+    pub outcome: Outcome,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Stream {
+    live: bool,
+    next: u64,
+    order: u8,
+    last_use: u64,
+}
+
+/// The streams of one thread in one region.
+#[derive(Clone, Debug, Default)]
+pub struct Predictor {
+    streams: [Stream; STREAMS],
+    clock: u64,
+}
+
+impl Predictor {
+    pub fn new() -> Predictor {
+        Predictor::default()
+    }
+
+    /// A fault on page `page` of a region whose pages end before `end`: the window to install.
+    pub fn on_fault(&mut self, page: u64, end: u64, t: &Tuning) -> Window {
+        debug_assert!(page < end);
+        self.clock += 1;
+        let hit = self
+            .streams
+            .iter()
+            .position(|s| s.live && page >= s.next && page - s.next < 1u64 << s.order);
+        let (slot, order, outcome) = match hit {
+            Some(i) => {
+                let grown = (self.streams[i].order + t.order_step).max(t.start_order);
+                (i, grown.min(t.max_order), Outcome::Hit)
+            }
+            None => {
+                let first = !self.streams.iter().any(|s| s.live);
+                // The least recently used (or an unused) slot opens the new stream.
+                let i = (0..STREAMS)
+                    .min_by_key(|&i| (self.streams[i].live, self.streams[i].last_use))
+                    .unwrap_or(0);
+                if first {
+                    (i, t.start_order.min(t.max_order), Outcome::Start)
+                } else {
+                    (i, 0, Outcome::Miss)
+                }
+            }
+        };
+        let pages = (1u64 << order).min(end - page);
+        self.streams[slot] = Stream {
+            live: true,
+            next: page + pages,
+            order,
+            last_use: self.clock,
+        };
+        Window {
+            first: page,
+            pages,
+            order,
+            outcome,
+        }
+    }
+}
+
+/// Unpredicted faults in a row in one region, and where they fell.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct MissRun {
+    count: u64,
+    lo: u64,
+    hi: u64,
+}
+
+impl MissRun {
+    /// Records one fault's outcome on `page`. After `limit` misses in a row (limit 0: never)
+    /// returns the pages `[lo, hi]` they spanned, inclusive, and starts counting afresh.
+    pub fn record(&mut self, outcome: Outcome, page: u64, limit: u64) -> Option<(u64, u64)> {
+        match outcome {
+            Outcome::Hit => self.count = 0,
+            Outcome::Start => {}
+            Outcome::Miss => {
+                if self.count == 0 {
+                    (self.lo, self.hi) = (page, page);
+                }
+                self.count += 1;
+                self.lo = self.lo.min(page);
+                self.hi = self.hi.max(page);
+                if limit > 0 && self.count >= limit {
+                    self.count = 0;
+                    return Some((self.lo, self.hi));
+                }
+            }
+        }
+        None
+    }
+}
+
+/// Pages per PMD (2 MiB): hand-backs are whole PMDs, so that the kernel may put huge pages
+/// there and the VMA splits stay few.
+pub const PMD_PAGES: u64 = 512;
+
+/// The pages `[first, end)` to hand back for misses that spanned pages `[lo, hi]` of a range of
+/// `pages` pages: widened to whole PMDs, and to the whole range when they spanned half of it or
+/// more (misses spread over a whole region mean the region is random: handing back a part
+/// would only make the next misses fall outside it).
+pub fn handback_span(lo: u64, hi: u64, pages: u64) -> (u64, u64) {
+    if (hi - lo + 1) * 2 >= pages {
+        return (0, pages);
+    }
+    (
+        lo / PMD_PAGES * PMD_PAGES,
+        ((hi / PMD_PAGES + 1) * PMD_PAGES).min(pages),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Tuning = Tuning {
+        start_order: 4,
+        order_step: 2,
+        max_order: 11,
+    };
+
+    #[test]
+    fn sequential_faults_grow_the_window_to_the_max_order() {
+        let mut p = Predictor::new();
+        let mut page = 0;
+        let mut orders = vec![];
+        for _ in 0..8 {
+            let w = p.on_fault(page, 1 << 30, &T);
+            assert_eq!(w.first, page);
+            orders.push((w.order, w.outcome));
+            page += w.pages;
+        }
+        use Outcome::*;
+        assert_eq!(
+            orders,
+            vec![
+                (4, Start),
+                (6, Hit),
+                (8, Hit),
+                (10, Hit),
+                (11, Hit),
+                (11, Hit),
+                (11, Hit),
+                (11, Hit)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_seed_model_is_order_plus_one_from_zero() {
+        // Seed 000: 1, 2, 4, 8 pages, max order 3.
+        let seed = Tuning {
+            start_order: 0,
+            order_step: 1,
+            max_order: 3,
+        };
+        let mut p = Predictor::new();
+        let mut page = 100;
+        let mut sizes = vec![];
+        for _ in 0..6 {
+            let w = p.on_fault(page, 1 << 20, &seed);
+            sizes.push(w.pages);
+            page += w.pages;
+        }
+        assert_eq!(sizes, vec![1, 2, 4, 8, 8, 8]);
+    }
+
+    #[test]
+    fn a_miss_resets_to_one_page_and_a_following_hit_jumps_to_the_start_order() {
+        let mut p = Predictor::new();
+        let w = p.on_fault(0, 1 << 20, &T);
+        let w = p.on_fault(w.pages, 1 << 20, &T);
+        assert_eq!(w.outcome, Outcome::Hit);
+        let m = p.on_fault(5000, 1 << 20, &T);
+        assert_eq!((m.outcome, m.pages), (Outcome::Miss, 1));
+        let h = p.on_fault(5001, 1 << 20, &T);
+        assert_eq!((h.outcome, h.order), (Outcome::Hit, 4));
+    }
+
+    #[test]
+    fn windows_are_clipped_at_the_region_end() {
+        let mut p = Predictor::new();
+        let w = p.on_fault(10, 12, &T);
+        assert_eq!((w.first, w.pages, w.order), (10, 2, 4));
+    }
+
+    #[test]
+    fn strided_access_within_the_window_counts_as_sequential() {
+        let mut p = Predictor::new();
+        let w = p.on_fault(0, 1 << 20, &T); // installs [0, 16)
+        let w2 = p.on_fault(w.pages + 3, 1 << 20, &T); // a stride of 4 lands at 19
+        assert_eq!(w2.outcome, Outcome::Hit);
+        let w3 = p.on_fault(w2.first + w2.pages + (1 << w2.order), 1 << 20, &T); // past the next window
+        assert_eq!(w3.outcome, Outcome::Miss);
+    }
+
+    #[test]
+    fn two_interleaved_streams_both_hit() {
+        let mut p = Predictor::new();
+        let (mut a, mut b) = (0u64, 1 << 19);
+        let mut outcomes = vec![];
+        for _ in 0..5 {
+            let wa = p.on_fault(a, 1 << 20, &T);
+            let wb = p.on_fault(b, 1 << 20, &T);
+            outcomes.push((wa.outcome, wb.outcome));
+            a += wa.pages;
+            b += wb.pages;
+        }
+        use Outcome::*;
+        assert_eq!(outcomes[0], (Start, Miss));
+        assert!(outcomes[2..].iter().all(|o| *o == (Hit, Hit)), "{outcomes:?}");
+    }
+
+    #[test]
+    fn more_streams_than_slots_evicts_the_least_recently_used() {
+        let mut p = Predictor::new();
+        let bases: Vec<u64> = (0..=STREAMS as u64).map(|i| i * 100_000).collect();
+        let mut next: Vec<u64> = bases.iter().map(|b| b + p.on_fault(*b, 1 << 30, &T).pages).collect();
+        // Stream 0 was evicted by the last one; the others still hit.
+        assert_eq!(p.on_fault(next[0], 1 << 30, &T).outcome, Outcome::Miss);
+        next[0] = 0;
+        assert_eq!(p.on_fault(next[STREAMS], 1 << 30, &T).outcome, Outcome::Hit);
+    }
+
+    #[test]
+    fn miss_run_hands_back_the_span_after_limit_misses_in_a_row() {
+        let mut r = MissRun::default();
+        assert_eq!(r.record(Outcome::Start, 50, 3), None);
+        assert_eq!(r.record(Outcome::Miss, 70, 3), None);
+        assert_eq!(r.record(Outcome::Miss, 20, 3), None);
+        assert_eq!(r.record(Outcome::Hit, 21, 3), None); // a hit resets the run
+        assert_eq!(r.record(Outcome::Miss, 900, 3), None);
+        assert_eq!(r.record(Outcome::Start, 10, 3), None); // neutral
+        assert_eq!(r.record(Outcome::Miss, 300, 3), None);
+        assert_eq!(r.record(Outcome::Miss, 500, 3), Some((300, 900)));
+        assert_eq!(r.record(Outcome::Miss, 1, 3), None); // counting starts afresh
+        assert_eq!(r.record(Outcome::Miss, 1, 0), None);
+    }
+
+    #[test]
+    fn handback_spans_are_whole_pmds_or_the_whole_range() {
+        assert_eq!(handback_span(600, 700, 10_000), (512, 1024));
+        assert_eq!(handback_span(0, 0, 10_000), (0, 512));
+        assert_eq!(handback_span(9_990, 9_995, 10_000), (9_728, 10_000));
+        assert_eq!(handback_span(1_000, 6_000, 10_000), (0, 10_000));
+        assert_eq!(handback_span(3, 5, 8), (0, 8));
+    }
+
+    #[test]
+    fn random_faults_trip_the_miss_run_quickly() {
+        // A pseudo-random single-thread walk over a region: misses every time after the start.
+        let mut p = Predictor::new();
+        let mut r = MissRun::default();
+        let mut x: u64 = 12345;
+        let mut tripped_at = None;
+        for i in 0..100 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let page = (x >> 33) % 262_144;
+            let w = p.on_fault(page, 262_144, &T);
+            if r.record(w.outcome, page, 8).is_some() {
+                tripped_at = Some(i);
+                break;
+            }
+        }
+        assert_eq!(tripped_at, Some(8));
+    }
+}

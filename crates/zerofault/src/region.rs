@@ -1,0 +1,303 @@
+//! Registered ranges: which addresses the engine serves, their page-state maps, and the
+//! [`Region`] handle a program holds.
+//!
+//! The table maps start addresses to [`Range`]s. It changes on `map` / `register`, on a Region's
+//! drop, on hand-back, and on the kernel's events: REMOVE (madvise) only clears page states;
+//! UNMAP cuts the range (a partial munmap splits it in two); REMAP moves the pages' states to a
+//! new range at the destination, owned by nobody (the program moved that memory; it unmaps it
+//! itself).
+//!
+//! Events and registrations can cross: a thread's munmap returns as soon as the handler *read*
+//! the UNMAP message, so the program may map and register the same addresses before the handler
+//! *applied* it. Every range carries the table's sequence number at its registration, and an
+//! event applies only to ranges registered before the handler read it.
+
+use crate::pagemap::PageMap;
+use crate::predict::MissRun;
+use crate::sys::mman::{self, PAGE_SIZE};
+use crate::Shared;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, RwLock};
+
+/// One registered, contiguous range of pages.
+#[derive(Debug)]
+pub struct Range {
+    /// Unique for the engine's life; keys the handler's per-thread predictors.
+    pub id: u64,
+    /// Table sequence number at registration.
+    pub seq: u64,
+    pub start: usize,
+    pub pages: u64,
+    pub map: PageMap,
+    /// The Region that maps and unmaps this memory, if any.
+    pub owner: Option<u64>,
+    /// Unpredicted faults in a row (for hand-back).
+    pub misses: Mutex<MissRun>,
+}
+
+impl Range {
+    pub fn end(&self) -> usize {
+        self.start + self.pages as usize * PAGE_SIZE
+    }
+
+    /// Page index of an address inside the range.
+    pub fn page_of(&self, addr: usize) -> u64 {
+        ((addr - self.start) / PAGE_SIZE) as u64
+    }
+
+    pub fn addr_of(&self, page: u64) -> usize {
+        self.start + page as usize * PAGE_SIZE
+    }
+}
+
+#[derive(Debug, Default)]
+struct Table {
+    by_start: BTreeMap<usize, Arc<Range>>,
+    seq: u64,
+    next_id: u64,
+}
+
+impl Table {
+    fn new_range(&mut self, start: usize, map: PageMap, owner: Option<u64>) -> Arc<Range> {
+        self.next_id += 1;
+        self.seq += 1;
+        let r = Arc::new(Range {
+            id: self.next_id,
+            seq: self.seq,
+            start,
+            pages: map.pages(),
+            map,
+            owner,
+            misses: Mutex::default(),
+        });
+        self.by_start.insert(start, r.clone());
+        r
+    }
+
+    /// Ranges overlapping `[start, end)` registered at or before `upto` (all when `None`).
+    fn overlapping(&self, start: usize, end: usize, upto: Option<u64>) -> Vec<Arc<Range>> {
+        let first = self
+            .by_start
+            .range(..start)
+            .next_back()
+            .map(|(k, _)| *k)
+            .unwrap_or(start);
+        self.by_start
+            .range(first..end)
+            .map(|(_, r)| r.clone())
+            .filter(|r| r.end() > start && upto.is_none_or(|s| r.seq <= s))
+            .collect()
+    }
+
+    /// Removes `[start, end)` from ranges registered at or before `upto`, keeping the pieces
+    /// outside it (with their page states). Returns the page states cleared, and the cut pieces
+    /// as (range they came from, first page, pages).
+    fn cut(&mut self, start: usize, end: usize, upto: Option<u64>) -> (u64, Vec<(Arc<Range>, u64, u64)>) {
+        let mut cleared = 0;
+        let mut cut = vec![];
+        for r in self.overlapping(start, end, upto) {
+            self.by_start.remove(&r.start);
+            let lo = r.page_of(start.max(r.start));
+            let hi = r.page_of(end.min(r.end()));
+            cleared += r.map.slice(lo, hi - lo).count();
+            if lo > 0 {
+                self.new_range(r.start, r.map.slice(0, lo), r.owner);
+            }
+            if hi < r.pages {
+                self.new_range(r.addr_of(hi), r.map.slice(hi, r.pages - hi), r.owner);
+            }
+            cut.push((r, lo, hi - lo));
+        }
+        (cleared, cut)
+    }
+}
+
+/// The engine's registered ranges.
+#[derive(Debug, Default)]
+pub struct RangeTable {
+    inner: RwLock<Table>,
+}
+
+impl RangeTable {
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, Table> {
+        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
+        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The range containing `addr`.
+    pub fn find(&self, addr: usize) -> Option<Arc<Range>> {
+        let t = self.read();
+        let (_, r) = t.by_start.range(..=addr).next_back()?;
+        (addr < r.end()).then(|| r.clone())
+    }
+
+    /// The current sequence number: note it before reading messages from the kernel.
+    pub fn seq(&self) -> u64 {
+        self.read().seq
+    }
+
+    /// Adds `[start, start + pages)`, replacing whatever stale ranges overlapped it.
+    pub fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
+        let mut t = self.write();
+        t.cut(start, start + pages as usize * PAGE_SIZE, None);
+        t.new_range(start, PageMap::new(pages), owner)
+    }
+
+    /// UFFD_EVENT_REMOVE: the kernel dropped the pages of `[start, end)`. Returns page states
+    /// cleared.
+    pub fn forget(&self, start: usize, end: usize, upto: u64) -> u64 {
+        let t = self.read();
+        t.overlapping(start, end, Some(upto))
+            .iter()
+            .map(|r| {
+                let lo = r.page_of(start.max(r.start));
+                let hi = r.page_of(end.min(r.end()));
+                r.map.clear(lo, hi - lo)
+            })
+            .sum()
+    }
+
+    /// UFFD_EVENT_UNMAP: `[start, end)` is gone. Returns page states cleared.
+    pub fn unmap(&self, start: usize, end: usize, upto: u64) -> u64 {
+        self.write().cut(start, end, Some(upto)).0
+    }
+
+    /// UFFD_EVENT_REMAP: `len` bytes moved from `from` to `to`, page tables and registration
+    /// with them. The destination becomes a range of its own, owned by nobody.
+    pub fn remap(&self, from: usize, to: usize, len: usize, upto: u64) {
+        let mut t = self.write();
+        let (_, pieces) = t.cut(from, from + len, Some(upto));
+        t.cut(to, to + len, None);
+        for (r, first, pages) in pieces {
+            let dst = to + (r.addr_of(first) - from);
+            t.new_range(dst, r.map.slice(first, pages), None);
+        }
+    }
+
+    /// Removes one range (a registration that failed).
+    pub fn remove(&self, r: &Arc<Range>) {
+        let mut t = self.write();
+        if t.by_start.get(&r.start).is_some_and(|x| x.id == r.id) {
+            t.by_start.remove(&r.start);
+        }
+    }
+
+    /// Removes and returns every range of `owner`.
+    pub fn take_owned(&self, owner: u64) -> Vec<Arc<Range>> {
+        let mut t = self.write();
+        let mine: Vec<usize> = t
+            .by_start
+            .values()
+            .filter(|r| r.owner == Some(owner))
+            .map(|r| r.start)
+            .collect();
+        mine.iter().filter_map(|s| t.by_start.remove(s)).collect()
+    }
+
+    /// Every range, in address order (for tests and stats).
+    pub fn ranges(&self) -> Vec<Arc<Range>> {
+        self.read().by_start.values().cloned().collect()
+    }
+}
+
+/// Anonymous memory served by the engine.
+///
+/// From [`crate::Engine::map`] (the engine mapped it and unmaps it on drop) or
+/// [`crate::Engine::register`] (the caller owns the mapping; drop only unregisters it).
+/// After the engine is gone, or once it failed open, the memory stays valid and the kernel
+/// serves its faults.
+#[derive(Debug)]
+pub struct Region {
+    pub(crate) shared: Arc<Shared>,
+    pub(crate) id: u64,
+    pub(crate) addr: usize,
+    pub(crate) len: usize,
+    pub(crate) owned: bool,
+}
+
+// SAFETY: a Region is an address range plus a reference-counted handle to the engine's shared
+// state, which is itself Send + Sync; access to the bytes goes through &self / &mut self.
+unsafe impl Send for Region {}
+// SAFETY: as above; shared references only give out raw pointers or shared slices.
+unsafe impl Sync for Region {}
+
+impl Region {
+    /// First byte.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The memory as a byte slice. Touching it takes the faults the engine serves.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: [addr, addr + len) is a live read-write anonymous mapping that this Region
+        // owns (or the caller of `register` promised to keep mapped while it lives), and
+        // &mut self makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.as_ptr(), self.len) }
+    }
+
+    /// The memory as a shared slice. Reading untouched pages maps the zero page.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: as for `as_mut_slice`; shared access through &self.
+        unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
+    }
+
+    fn check(&self, offset: usize, len: usize) -> std::io::Result<(usize, usize)> {
+        if offset % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || offset.checked_add(len).is_none_or(|e| e > self.len) {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "offset and len must be page aligned and inside the region",
+            ));
+        }
+        Ok((self.addr + offset, len))
+    }
+
+    /// Gives pages back to the kernel (`MADV_DONTNEED`); touched again they read zero, served
+    /// by the engine again.
+    pub fn discard(&mut self, offset: usize, len: usize) -> std::io::Result<()> {
+        let (addr, len) = self.check(offset, len)?;
+        mman::madvise(addr, len, mman::MADV_DONTNEED)
+    }
+
+    /// Unmaps part of the region and maps fresh anonymous memory in its place, registered
+    /// again: what an allocator does when it returns memory and gets the same addresses back.
+    /// The engine sees UNMAP and serves the new pages afresh (they read zero).
+    pub fn replace(&mut self, offset: usize, len: usize) -> std::io::Result<()> {
+        let (addr, len) = self.check(offset, len)?;
+        mman::map_fixed(addr, len)?;
+        let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
+        self.shared.register_range(addr, len, Some(self.id))
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        let pieces = self.shared.ranges.take_owned(self.id);
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        if self.owned {
+            // Unregister first: after it, munmap raises no UNMAP event for our handler to wait
+            // on. Pieces the program unmapped itself are no longer in the table.
+            for r in &pieces {
+                if let Some(u) = uffd.as_ref() {
+                    let _ = u.unregister(r.start, r.end() - r.start);
+                }
+                let _ = mman::unmap(r.start, r.end() - r.start);
+            }
+        } else if let Some(u) = uffd.as_ref() {
+            for r in &pieces {
+                let _ = u.unregister(r.start, r.end() - r.start);
+            }
+        }
+    }
+}

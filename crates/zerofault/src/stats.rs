@@ -1,0 +1,190 @@
+//! Counters, declared once.
+//!
+//! The [`counters!`] list below generates the live struct of relaxed atomics ([`Stats`]), the
+//! plain snapshot ([`Snapshot`]), its text form (one `name value` line each, like vmstat) and
+//! its JSON form. Counters are only ever added to; relaxed ordering is enough because nobody
+//! derives a decision from them, they are read for reporting.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// Window orders counted separately: 0..=options::MAX_ORDER.
+pub const ORDERS: usize = crate::options::MAX_ORDER as usize + 1;
+
+macro_rules! counters {
+    ($( $(#[doc = $doc:literal])+ $name:ident, )*) => {
+        /// Live counters of one engine.
+        #[derive(Debug, Default)]
+        pub struct Stats {
+            $( $(#[doc = $doc])+ pub $name: AtomicU64, )*
+            /// Windows installed, by order (2^order pages asked for).
+            pub window_order: [AtomicU64; ORDERS],
+        }
+
+        /// A copy of the counters at one moment.
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct Snapshot {
+            $( $(#[doc = $doc])+ pub $name: u64, )*
+            /// Windows installed, by order (2^order pages asked for).
+            pub window_order: [u64; ORDERS],
+        }
+
+        impl Stats {
+            pub fn snapshot(&self) -> Snapshot {
+                Snapshot {
+                    $( $name: self.$name.load(Relaxed), )*
+                    window_order: std::array::from_fn(|i| self.window_order[i].load(Relaxed)),
+                }
+            }
+        }
+
+        impl Snapshot {
+            /// Every scalar counter as (name, value), in declaration order.
+            pub fn fields(&self) -> Vec<(&'static str, u64)> {
+                vec![ $( (stringify!($name), self.$name), )* ]
+            }
+
+            /// Each counter minus the same counter of `earlier`.
+            pub fn since(&self, earlier: &Snapshot) -> Snapshot {
+                Snapshot {
+                    $( $name: self.$name.saturating_sub(earlier.$name), )*
+                    window_order: std::array::from_fn(|i| self.window_order[i].saturating_sub(earlier.window_order[i])),
+                }
+            }
+
+            /// The documentation of each counter, by name.
+            pub const DOCS: &'static [(&'static str, &'static str)] = &[
+                $( (stringify!($name), concat!($($doc),+)), )*
+            ];
+        }
+    };
+}
+
+counters! {
+    /// Page-fault messages read from the userfaultfd.
+    fault_events,
+    /// Of those, write faults.
+    write_faults,
+    /// Of those, read faults.
+    read_faults,
+    /// Pages installed with UFFDIO_MOVE from the pre-zeroed pool.
+    pages_moved,
+    /// Pages installed with UFFDIO_COPY from the zero source.
+    pages_copied,
+    /// Pages mapped to the shared zero page (read faults).
+    pages_zero_mapped,
+    /// Faults that started a new sequential stream (first fault of a thread there).
+    predict_starts,
+    /// Faults the predictor expected: the window grew.
+    predict_hits,
+    /// Faults the predictor did not expect: the window was reset.
+    predict_misses,
+    /// Faults on a page that was already installed (a second thread on the same page, or a
+    /// stale message): answered by a wake, or by a one-page install that found the page.
+    already_present,
+    /// Install ioctls that stopped at a page that was present without the map knowing it.
+    partial_installs,
+    /// Runs of the pool populated by the scrub thread (or by a prefill).
+    pool_refills,
+    /// Pages populated into the pool.
+    pool_pages_filled,
+    /// Windows that found the pool empty (or short) and fell back to UFFDIO_COPY.
+    pool_empty,
+    /// Pages copied because the pool was empty.
+    copy_pool_empty,
+    /// Pages copied because moving is off (pool=off) or the kernel has no UFFDIO_MOVE.
+    copy_no_move,
+    /// Pages copied because UFFDIO_MOVE refused the pool pages (EBUSY after fork, EINVAL).
+    copy_move_refused,
+    /// Parts of regions handed back to the kernel after random faults.
+    handbacks,
+    /// Pages in the parts handed back.
+    pages_handed_back,
+    /// UFFD_EVENT_REMOVE messages (madvise DONTNEED/FREE/REMOVE).
+    events_remove,
+    /// UFFD_EVENT_UNMAP messages (munmap, mmap MAP_FIXED over a region).
+    events_unmap,
+    /// UFFD_EVENT_REMAP messages (mremap).
+    events_remap,
+    /// Page states cleared by those events.
+    pages_forgotten,
+    /// Installs retried after reading pending events (EAGAIN from mmap_changing).
+    drained_for_events,
+    /// Installs that failed (range gone, unregistered): the thread was woken to retry.
+    install_errors,
+    /// Faults outside every known region, served one page at a time.
+    unknown_faults,
+    /// CPU time of the scrub thread, in nanoseconds.
+    scrub_cpu_ns,
+    /// CPU time of the fault handler thread, in nanoseconds.
+    handler_cpu_ns,
+    /// Scrub rounds skipped because the load average was above scrub_load.
+    scrub_load_skips,
+    /// Handler threads that panicked (the engine then failed open).
+    handler_panics,
+}
+
+impl Stats {
+    /// Adds `n` to a counter.
+    #[inline]
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Relaxed);
+    }
+}
+
+impl Snapshot {
+    /// All pages installed by the engine, whatever the method.
+    pub fn pages_served(&self) -> u64 {
+        self.pages_moved + self.pages_copied + self.pages_zero_mapped
+    }
+
+    /// One `name value` line per counter, then the window orders.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        for (name, v) in self.fields() {
+            s += &format!("{name:<20} {v}\n");
+        }
+        let orders: Vec<String> = self.window_order.iter().map(u64::to_string).collect();
+        s += &format!("{:<20} {}\n", "window_order", orders.join(" "));
+        s
+    }
+
+    /// A JSON object with every counter and `window_order` as an array indexed by order.
+    pub fn to_json(&self) -> String {
+        let mut parts: Vec<String> = self.fields().iter().map(|(n, v)| format!("\"{n}\":{v}")).collect();
+        let orders: Vec<String> = self.window_order.iter().map(u64::to_string).collect();
+        parts.push(format!("\"window_order\":[{}]", orders.join(",")));
+        format!("{{{}}}", parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn snapshot_text_and_json_carry_every_counter() {
+        let s = Stats::default();
+        Stats::add(&s.pages_moved, 3);
+        Stats::add(&s.window_order[2], 1);
+        let snap = s.snapshot();
+        assert_eq!(snap.pages_moved, 3);
+        let json = snap.to_json();
+        let text = snap.to_text();
+        for (name, _) in snap.fields() {
+            assert!(json.contains(&format!("\"{name}\":")), "{name}");
+            assert!(text.contains(name), "{name}");
+        }
+        assert!(json.contains("\"pages_moved\":3"));
+        assert!(json.contains("\"window_order\":[0,0,1,"));
+        assert_eq!(Snapshot::DOCS.len(), snap.fields().len());
+    }
+
+    #[test]
+    fn since_subtracts() {
+        let s = Stats::default();
+        Stats::add(&s.fault_events, 5);
+        let a = s.snapshot();
+        Stats::add(&s.fault_events, 2);
+        assert_eq!(s.snapshot().since(&a).fault_events, 2);
+    }
+}

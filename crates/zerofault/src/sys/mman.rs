@@ -1,0 +1,173 @@
+//! mmap / munmap / madvise helpers.
+//!
+//! Contract: every address handed in is page aligned and every length a multiple of the page
+//! size; every mapping returned is anonymous and private. Callers own what they map and unmap
+//! it exactly once.
+
+use std::io;
+
+/// The base page size this engine serves. x86-64 and arm64 (4K kernels) only, checked at start.
+pub const PAGE_SIZE: usize = 4096;
+/// A PMD: the span of one page table, and the size of a transparent huge page.
+pub const PMD_SIZE: usize = 2 << 20;
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14): fault pages in writable, zero-filled by the kernel.
+const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// The system page size, from sysconf.
+pub fn system_page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+/// Maps `len` bytes of anonymous private read-write memory aligned to `align` (a power of two
+/// at least the page size). Reserves `len + align` and trims the ends, so it costs no more than
+/// one mmap and two munmaps. `noreserve` skips overcommit accounting (for pools and zero sources
+/// whose pages are mostly never faulted).
+pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool) -> io::Result<usize> {
+    debug_assert!(align.is_power_of_two() && align >= PAGE_SIZE && len % PAGE_SIZE == 0);
+    let total = len
+        .checked_add(align)
+        .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+    let mut flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS;
+    if noreserve {
+        flags |= libc::MAP_NORESERVE;
+    }
+    // SAFETY: a fresh anonymous mapping at an address the kernel chooses; no existing memory is
+    // affected. The result is checked against MAP_FAILED.
+    let p = unsafe { libc::mmap(std::ptr::null_mut(), total, prot, flags, -1, 0) };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    let base = p as usize;
+    let start = (base + align - 1) & !(align - 1);
+    if start > base {
+        unmap(base, start - base)?;
+    }
+    let tail = base + total - (start + len);
+    if tail > 0 {
+        unmap(start + len, tail)?;
+    }
+    Ok(start)
+}
+
+/// Maps fresh anonymous private read-write memory over `[addr, addr + len)`, replacing what
+/// was there (`MAP_FIXED`), as one atomic step: no other thread can map in between.
+pub fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the caller owns the range and wants its contents replaced by zero pages; MAP_FIXED
+    // affects only `[addr, addr + len)`.
+    let p = unsafe {
+        libc::mmap(
+            addr as *mut libc::c_void,
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Unmaps `[addr, addr + len)`.
+pub fn unmap(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: callers own the range (they mapped it, or the program handed it to us to drop);
+    // munmap of page-aligned ranges cannot corrupt memory outside it.
+    let rc = unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// madvise(2) on a range the caller owns.
+pub fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: advice on a page-aligned range the caller owns; the advices used by the engine
+    // (NOHUGEPAGE, DONTFORK, POPULATE_WRITE, DONTNEED on its own pool) never touch memory the
+    // caller does not own.
+    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Allocates and zero-fills every page of the range now, writable (`MADV_POPULATE_WRITE`).
+/// The range must not be registered with a userfaultfd, or this would fault into ourselves.
+pub fn populate_write(addr: usize, len: usize) -> io::Result<()> {
+    madvise(addr, len, MADV_POPULATE_WRITE)
+}
+
+/// The advices the engine uses, re-exported so that callers need no libc.
+pub use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE};
+
+/// How many pages of `[addr, addr + len)` are resident, from mincore(2). For tests and stats.
+pub fn resident_pages(addr: usize, len: usize) -> io::Result<usize> {
+    let mut v = vec![0u8; len.div_ceil(PAGE_SIZE)];
+    // SAFETY: `v` has one byte per page of the range, as mincore requires.
+    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(v.iter().filter(|b| **b & 1 != 0).count())
+}
+
+/// An owned anonymous private mapping, unmapped on drop: plain kernel-served memory, for
+/// baselines and for callers that need memory the engine does not serve.
+#[derive(Debug)]
+pub struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+/// Transparent huge page advice for a [`Mapping`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Thp {
+    /// `MADV_NOHUGEPAGE`: 4 KiB faults.
+    Never,
+    /// `MADV_HUGEPAGE`.
+    Always,
+    /// No advice: the system default.
+    Default,
+}
+
+impl Mapping {
+    /// Maps `len` bytes (rounded up to pages), 2 MiB aligned.
+    pub fn new(len: usize, thp: Thp) -> io::Result<Mapping> {
+        let len = len.max(1).next_multiple_of(PAGE_SIZE);
+        let addr = map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, false)?;
+        let m = Mapping { addr, len };
+        match thp {
+            Thp::Never => madvise(addr, len, MADV_NOHUGEPAGE)?,
+            Thp::Always => madvise(addr, len, MADV_HUGEPAGE)?,
+            Thp::Default => {}
+        }
+        Ok(m)
+    }
+
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Populates every page now (`MADV_POPULATE_WRITE`).
+    pub fn populate(&self) -> io::Result<()> {
+        populate_write(self.addr, self.len)
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        let _ = unmap(self.addr, self.len);
+    }
+}

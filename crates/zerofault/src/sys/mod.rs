@@ -1,0 +1,10 @@
+//! The operating-system seam: every unsafe call of the engine lives below this module, each
+//! function stating its contract, each unsafe block its `// SAFETY:` argument.
+//!
+//! - [`uffd`]: userfaultfd(2) and its ioctls, including `UFFDIO_MOVE`.
+//! - [`mman`]: mmap, munmap, madvise, mincore.
+//! - [`thread`]: eventfd, poll, scheduling class, CPU time, load average.
+
+pub mod mman;
+pub mod thread;
+pub mod uffd;

@@ -1,0 +1,370 @@
+//! Real faults served by a real engine. Tests that need userfaultfd are marked ignored when the
+//! build found none (see build/uffd_probe.rs); under ZEROFAULT_REQUIRE_UFFD=1 they always run
+//! and fail when it is missing.
+//!
+//! Fail-open tests run their body in a child process (this test binary, re-executed on the one
+//! test, with ZEROFAULT_TEST_CHILD set) under a time limit, so that a hang fails the test.
+
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+use zerofault::sys::mman::PAGE_SIZE;
+use zerofault::zero::is_zero;
+use zerofault::{Engine, Options, Region};
+
+const MIB: usize = 1 << 20;
+
+fn engine_with(tweak: &[(&str, &str)]) -> Engine {
+    if let Err(e) = zerofault::probe() {
+        panic!("userfaultfd is required for this test: {e}");
+    }
+    let mut o = Options::default();
+    for (k, v) in tweak {
+        o.set(k, v).unwrap();
+    }
+    Engine::new(o).expect("engine")
+}
+
+/// Writes a marker to the first byte of each listed page after checking that the page reads
+/// zero everywhere else; returns the number of pages that did not.
+fn touch_and_check(r: &mut Region, pages: impl IntoIterator<Item = usize>) -> usize {
+    let s = r.as_mut_slice();
+    let mut bad = 0;
+    for p in pages {
+        let page = &mut s[p * PAGE_SIZE..(p + 1) * PAGE_SIZE];
+        page[0] = 0xA5;
+        bad += usize::from(!is_zero(&page[1..]));
+    }
+    bad
+}
+
+fn shuffled(n: usize, seed: u64) -> Vec<usize> {
+    let mut v: Vec<usize> = (0..n).collect();
+    let mut x = seed;
+    for i in (1..n).rev() {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        v.swap(i, ((x >> 33) % (i as u64 + 1)) as usize);
+    }
+    v
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn sequential_writes_are_served_zero_from_the_pool_in_growing_windows() {
+    let e = engine_with(&[]);
+    e.prefill(64 * MIB).unwrap();
+    let mut r = e.map(64 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..64 * MIB / PAGE_SIZE), 0);
+    let s = e.stats();
+    assert_eq!(s.pages_moved, (64 * MIB / PAGE_SIZE) as u64, "{}", s.to_text());
+    assert!(s.predict_hits > 0 && s.window_order[11] > 0, "{}", s.to_text());
+    assert!(s.fault_events < 64, "windows must cut the faults: {}", s.fault_events);
+    assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn random_writes_read_zero_and_go_back_to_the_kernel() {
+    let e = engine_with(&[]);
+    let mut r = e.map(64 * MIB).unwrap();
+    let order = shuffled(64 * MIB / PAGE_SIZE, 3);
+    assert_eq!(touch_and_check(&mut r, order), 0);
+    let s = e.stats();
+    assert!(s.handbacks >= 1, "{}", s.to_text());
+    assert!(
+        s.fault_events < 64,
+        "after the hand-back the kernel serves: {}",
+        s.fault_events
+    );
+    assert_eq!(s.pool_pages_filled, 0, "random faults never start the scrub thread");
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn threads_writing_interleaved_pages_all_read_zero_and_keep_their_data() {
+    let e = engine_with(&[]);
+    let r = e.map(64 * MIB).unwrap();
+    let base = r.as_ptr() as usize;
+    let pages = 64 * MIB / PAGE_SIZE;
+    let threads: Vec<_> = (0..4)
+        .map(|t| {
+            std::thread::spawn(move || {
+                let mut bad = 0;
+                for p in (0..pages).filter(|p| (p / 16) % 4 == t) {
+                    // SAFETY: page p lies in the region, alive until the threads are joined;
+                    // each page belongs to exactly one thread.
+                    let page = unsafe { std::slice::from_raw_parts_mut((base + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) };
+                    page[8] = t as u8 + 1;
+                    bad += usize::from(!is_zero(&page[..8]) || !is_zero(&page[9..]));
+                }
+                bad
+            })
+        })
+        .collect();
+    let bad: usize = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    assert_eq!(bad, 0);
+    for (p, page) in r.as_slice().chunks(PAGE_SIZE).enumerate() {
+        assert_eq!(page[8], ((p / 16) % 4) as u8 + 1, "page {p}");
+    }
+    let s = e.stats();
+    assert!(s.predict_starts >= 2, "{}", s.to_text());
+    assert_eq!(
+        s.pages_served(),
+        pages as u64,
+        "each page installed once: {}",
+        s.to_text()
+    );
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn read_faults_map_the_zero_page_and_spend_no_pool_pages() {
+    let e = engine_with(&[]);
+    e.prefill(16 * MIB).unwrap();
+    let before = e.pool_pages();
+    let mut r = e.map(32 * MIB).unwrap();
+    assert!(is_zero(r.as_slice()));
+    let s = e.stats();
+    assert_eq!(s.pages_moved + s.pages_copied, 0, "{}", s.to_text());
+    assert_eq!(s.pages_zero_mapped, (32 * MIB / PAGE_SIZE) as u64);
+    assert_eq!(e.pool_pages(), before, "reads took pool pages");
+    // Writing after reading is the kernel's copy-on-write of the zero page.
+    assert_eq!(touch_and_check(&mut r, 0..32 * MIB / PAGE_SIZE), 0);
+    assert_eq!(
+        e.stats().fault_events,
+        s.fault_events,
+        "no uffd fault for writes to zero-page mappings"
+    );
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn dontneed_then_touch_again_reads_zero_and_is_served_again() {
+    let e = engine_with(&[]);
+    let mut r = e.map(16 * MIB).unwrap();
+    let pages = 16 * MIB / PAGE_SIZE;
+    assert_eq!(touch_and_check(&mut r, 0..pages), 0);
+    let served = e.stats().pages_served();
+    r.discard(4 * MIB, 4 * MIB).unwrap();
+    let kept = |p: usize| !(1024..2048).contains(&p);
+    assert!(
+        r.as_slice()
+            .chunks(PAGE_SIZE)
+            .enumerate()
+            .filter(|(p, _)| kept(*p))
+            .all(|(_, pg)| pg[0] == 0xA5),
+        "kept pages hold their marker"
+    );
+    assert_eq!(
+        touch_and_check(&mut r, (0..pages).filter(|p| !kept(*p))),
+        0,
+        "discarded pages read zero"
+    );
+    let s = e.stats();
+    assert_eq!(s.events_remove, 1);
+    assert_eq!(s.pages_forgotten, 1024, "{}", s.to_text());
+    assert!(
+        s.pages_served() >= served + 1024,
+        "the discarded pages were served again: {}",
+        s.to_text()
+    );
+    let dropped = &r.as_slice()[4 * MIB..8 * MIB];
+    assert!(dropped.chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn munmap_and_map_again_reads_zero_and_is_served_again() {
+    let e = engine_with(&[]);
+    let mut r = e.map(16 * MIB).unwrap();
+    let pages = 16 * MIB / PAGE_SIZE;
+    assert_eq!(touch_and_check(&mut r, 0..pages), 0);
+    let served = e.stats().pages_served();
+    r.replace(2 * MIB, 6 * MIB).unwrap();
+    assert!(is_zero(&r.as_slice()[2 * MIB..8 * MIB]), "fresh pages read zero");
+    assert_eq!(touch_and_check(&mut r, 512..2048), 0);
+    let s = e.stats();
+    assert_eq!(s.events_unmap, 1, "{}", s.to_text());
+    assert!(s.pages_forgotten >= 1536, "{}", s.to_text());
+    assert!(
+        s.pages_served() > served,
+        "the new pages were served by the engine: {}",
+        s.to_text()
+    );
+    assert!(
+        r.as_slice()[..2 * MIB].chunks(PAGE_SIZE).all(|p| p[0] == 0xA5),
+        "untouched part kept"
+    );
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn mremap_moves_the_page_states_with_the_pages() {
+    let e = engine_with(&[]);
+    let mut r = e.map(8 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..512), 0); // first 2 MiB written
+    let src = r.as_ptr() as usize;
+    // Reserve a destination nobody else can take, then move onto it.
+    let hole = zerofault::sys::mman::Mapping::new(4 * MIB, zerofault::sys::mman::Thp::Never).unwrap();
+    // SAFETY: moves 4 MiB of our own region to the reserved range `hole` (MREMAP_FIXED replaces
+    // it); the region's Region handle no longer owns those pages afterwards and nothing else
+    // refers to them; `hole` is forgotten so it does not unmap the moved pages.
+    let p = unsafe {
+        libc::mremap(
+            src as *mut libc::c_void,
+            4 * MIB,
+            4 * MIB,
+            libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+            hole.as_ptr() as *mut libc::c_void,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    let moved = p as usize;
+    std::mem::forget(hole);
+    // SAFETY: [moved, moved + 4 MiB) is the mapping we just moved there, ours alone.
+    let m = unsafe { std::slice::from_raw_parts_mut(moved as *mut u8, 4 * MIB) };
+    assert!(
+        m[..2 * MIB].chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])),
+        "data moved"
+    );
+    for page in m[2 * MIB..].chunks_mut(PAGE_SIZE) {
+        assert!(is_zero(page));
+        page[0] = 1;
+    }
+    let s = e.stats();
+    assert_eq!(s.events_remap, 1, "{}", s.to_text());
+    assert!(s.fault_events > 1, "the moved range is still served: {}", s.to_text());
+    // SAFETY: the moved mapping is ours; the Region no longer covers it.
+    unsafe { libc::munmap(moved as *mut libc::c_void, 4 * MIB) };
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn the_copy_path_is_forced_by_pool_off() {
+    let e = engine_with(&[("pool", "off")]);
+    let mut r = e.map(32 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..32 * MIB / PAGE_SIZE), 0);
+    let s = e.stats();
+    assert_eq!(s.pages_moved, 0);
+    assert_eq!(s.pages_copied, (32 * MIB / PAGE_SIZE) as u64);
+    assert_eq!(s.copy_no_move, s.pages_copied);
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn an_empty_pool_falls_back_to_copies_then_refills() {
+    let e = engine_with(&[("pool_max", "8M"), ("scrub_stop", "8M"), ("scrub_start", "6M")]);
+    let mut r = e.map(256 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..256 * MIB / PAGE_SIZE), 0);
+    let s = e.stats();
+    assert!(s.copy_pool_empty > 0, "{}", s.to_text());
+    assert!(s.pool_refills > 0, "the scrub thread was woken: {}", s.to_text());
+}
+
+// ---- fail-open, in child processes ------------------------------------------------------------
+
+const CHILD: &str = "ZEROFAULT_TEST_CHILD";
+
+/// Runs test `name` of this binary in a child with `env`, killing it after `limit`.
+/// Returns its stdout; panics if it hung or failed.
+fn run_child(name: &str, env: &[(&str, &str)], limit: Duration) -> String {
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--exact", name, "--nocapture", "--test-threads=1"])
+        .env(CHILD, "1");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("child {name} hung for more than {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let (mut out, mut err) = (String::new(), String::new());
+    child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(
+        status.success(),
+        "child {name} failed: {status}\nstdout:\n{out}\nstderr:\n{err}"
+    );
+    out
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_panicking_handler_fails_open_and_the_program_finishes() {
+    const NAME: &str = "a_panicking_handler_fails_open_and_the_program_finishes";
+    if std::env::var(CHILD).is_err() {
+        let out = run_child(NAME, &[("ZEROFAULT_PANIC_AFTER", "5")], Duration::from_secs(60));
+        assert!(out.contains("CHILD-OK"), "{out}");
+        return;
+    }
+    // Child: the handler panics on its 5th fault event, while two threads are faulting.
+    let e = Engine::from_env().unwrap();
+    assert_eq!(e.options().panic_after, 5);
+    let r = e.map(64 * MIB).unwrap();
+    let base = r.as_ptr() as usize;
+    let ts: Vec<_> = (0..2)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for p in (t..64 * MIB / PAGE_SIZE).step_by(2).rev() {
+                    // SAFETY: page p is inside the region, alive until the join.
+                    unsafe { ((base + p * PAGE_SIZE) as *mut u8).write_volatile(t as u8 + 1) };
+                }
+            })
+        })
+        .collect();
+    for t in ts {
+        t.join().unwrap();
+    }
+    assert!(r
+        .as_slice()
+        .chunks(PAGE_SIZE)
+        .enumerate()
+        .all(|(p, pg)| pg[0] == (p % 2) as u8 + 1 && is_zero(&pg[1..])));
+    assert!(!e.is_active(), "the engine failed open");
+    assert_eq!(e.stats().handler_panics, 1);
+    // New memory after the failure is plain kernel memory.
+    let mut r2 = e.map(4 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r2, 0..1024), 0);
+    println!("CHILD-OK");
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn dropping_the_engine_mid_fault_fails_open_and_the_program_finishes() {
+    const NAME: &str = "dropping_the_engine_mid_fault_fails_open_and_the_program_finishes";
+    if std::env::var(CHILD).is_err() {
+        let out = run_child(NAME, &[], Duration::from_secs(60));
+        assert!(out.contains("CHILD-OK"), "{out}");
+        return;
+    }
+    let e = Engine::new(Options::default()).unwrap();
+    let r = e.map(256 * MIB).unwrap();
+    let base = r.as_ptr() as usize;
+    let ts: Vec<_> = (0..2)
+        .map(|t| {
+            std::thread::spawn(move || {
+                for p in (t..256 * MIB / PAGE_SIZE).step_by(2) {
+                    // SAFETY: page p is inside the region, which outlives the threads.
+                    unsafe { ((base + p * PAGE_SIZE) as *mut u8).write_volatile(7) };
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(3));
+    drop(e); // while the threads are faulting
+    for t in ts {
+        t.join().unwrap();
+    }
+    assert!(r.as_slice().chunks(PAGE_SIZE).all(|pg| pg[0] == 7 && is_zero(&pg[1..])));
+    drop(r);
+    println!("CHILD-OK");
+}
