@@ -1,0 +1,129 @@
+//! A small flag parser whose every error is one line naming the flag and what it accepts.
+
+use std::collections::BTreeMap;
+
+/// Flags of one subcommand: name -> whether it takes a value.
+pub struct Spec {
+    pub command: &'static str,
+    pub flags: &'static [(&'static str, bool)],
+}
+
+/// Parsed flags (last one wins) and positional arguments.
+#[derive(Debug, Default)]
+pub struct Parsed {
+    values: BTreeMap<String, String>,
+    pub positional: Vec<String>,
+}
+
+impl Spec {
+    /// Parses `--flag value`, `--flag=value` and bare `--switch`; `--` ends the flags.
+    pub fn parse(&self, args: &[String]) -> Result<Parsed, String> {
+        let mut p = Parsed::default();
+        let mut it = args.iter();
+        while let Some(a) = it.next() {
+            if a == "--" {
+                p.positional.extend(it.by_ref().cloned());
+                break;
+            }
+            let Some(body) = a.strip_prefix("--") else {
+                p.positional.push(a.clone());
+                continue;
+            };
+            let (name, inline) = match body.split_once('=') {
+                Some((n, v)) => (n, Some(v.to_string())),
+                None => (body, None),
+            };
+            let Some(&(_, takes_value)) = self.flags.iter().find(|(n, _)| *n == name) else {
+                let known: Vec<String> = self.flags.iter().map(|(n, _)| format!("--{n}")).collect();
+                return Err(format!(
+                    "zerofault {}: unknown flag --{name}; it accepts {}",
+                    self.command,
+                    known.join(", ")
+                ));
+            };
+            let value = if takes_value {
+                match inline {
+                    Some(v) => v,
+                    None => it
+                        .next()
+                        .cloned()
+                        .ok_or_else(|| format!("zerofault {}: --{name} needs a value", self.command))?,
+                }
+            } else {
+                if inline.is_some() {
+                    return Err(format!("zerofault {}: --{name} takes no value", self.command));
+                }
+                String::new()
+            };
+            p.values.insert(name.to_string(), value);
+        }
+        Ok(p)
+    }
+}
+
+impl Parsed {
+    /// The value of `--name` parsed by `parse`, or `default`; a refusal names the flag and
+    /// what it accepts.
+    pub fn get<T>(
+        &self,
+        name: &str,
+        default: T,
+        accepts: &str,
+        parse: impl Fn(&str) -> Option<T>,
+    ) -> Result<T, String> {
+        match self.values.get(name) {
+            None => Ok(default),
+            Some(v) => parse(v).ok_or_else(|| format!("--{name} {v:?} is invalid: it accepts {accepts}")),
+        }
+    }
+}
+
+/// A positive float, finite.
+pub fn positive_f64(s: &str) -> Option<f64> {
+    s.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0)
+}
+
+/// An integer in `lo..=hi`.
+pub fn int_in(lo: u64, hi: u64) -> impl Fn(&str) -> Option<u64> {
+    move |s| s.trim().parse::<u64>().ok().filter(|v| (lo..=hi).contains(v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SPEC: Spec = Spec {
+        command: "t",
+        flags: &[("gb", true), ("quiet", false)],
+    };
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn both_value_spellings_and_switches() {
+        let p = SPEC.parse(&args("--gb 2 --quiet x")).unwrap();
+        assert!(p.positional.len() == 1);
+        assert_eq!(p.get("gb", 1.0, "", positive_f64).unwrap(), 2.0);
+        assert_eq!(p.positional, vec!["x"]);
+        let p = SPEC.parse(&args("--gb=0.5 -- --gb 3")).unwrap();
+        assert_eq!(p.get("gb", 1.0, "", positive_f64).unwrap(), 0.5);
+        assert_eq!(p.positional, vec!["--gb", "3"]);
+    }
+
+    #[test]
+    fn errors_are_one_line_and_name_the_flag() {
+        for (a, needle) in [
+            ("--nope", "--nope"),
+            ("--gb", "--gb needs a value"),
+            ("--quiet=1", "--quiet takes no value"),
+        ] {
+            let e = SPEC.parse(&args(a)).unwrap_err();
+            assert!(e.contains(needle) && !e.contains('\n'), "{e}");
+        }
+        let p = SPEC.parse(&args("--gb -1")).unwrap();
+        let e = p.get("gb", 1.0, "a positive size in GiB", positive_f64).unwrap_err();
+        assert_eq!(e, "--gb \"-1\" is invalid: it accepts a positive size in GiB");
+    }
+}

@@ -1,0 +1,358 @@
+//! `zerofault verify`: every byte of every page the engine serves reads zero before the
+//! program's first write, and no page is lost or shared afterwards.
+//!
+//! Each pattern maps `--gb` of engine memory and visits every page: it writes an 8-byte marker
+//! (unique per page, at an offset that varies per page) and checks that the page's other bytes
+//! are zero. Pages installed ahead by a window are checked the same way when visited. A final
+//! pass checks that every page holds exactly its own marker: a page moved twice, or installed
+//! over data, would show another page's marker or lose its own. Each pattern also checks that
+//! it exercised the path it names (stats), so a pattern that silently took another path fails.
+
+use crate::args::{int_in, positive_f64, Spec};
+use crate::bench::shuffle;
+use zerofault::sys::mman::PAGE_SIZE;
+use zerofault::zero::is_zero;
+use zerofault::{Engine, Options, Region, Snapshot};
+
+pub const SPEC: Spec = Spec {
+    command: "verify",
+    flags: &[("gb", true), ("threads", true)],
+};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct VerifyArgs {
+    pub gb: f64,
+    pub threads: usize,
+}
+
+pub fn parse(args: &[String]) -> Result<VerifyArgs, String> {
+    let p = SPEC.parse(args)?;
+    if let Some(extra) = p.positional.first() {
+        return Err(format!("zerofault verify: unexpected argument {extra:?}"));
+    }
+    Ok(VerifyArgs {
+        gb: p.get("gb", 1.0, "a positive size in GiB (e.g. 2 or 0.25)", positive_f64)?,
+        threads: p.get("threads", 4, "an integer 2..=256", int_in(2, 256))? as usize,
+    })
+}
+
+/// Marker of page `i`: never zero.
+fn marker(i: usize) -> u64 {
+    (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1
+}
+
+/// Byte offset of page `i`'s marker: 8-aligned, anywhere in the page.
+fn marker_offset(i: usize) -> usize {
+    (i % (PAGE_SIZE / 8)) * 8
+}
+
+/// The memory under test, shared by checking threads.
+#[derive(Clone, Copy)]
+struct Mem {
+    base: usize,
+    pages: usize,
+}
+
+impl Mem {
+    fn page(&self, i: usize) -> &[u8] {
+        assert!(i < self.pages);
+        // SAFETY: page `i` lies inside the region, which stays mapped until every checking
+        // thread is joined; each page is written by one thread only, and read by that thread
+        // (or after the join), so this shared slice never overlaps a concurrent write.
+        unsafe { std::slice::from_raw_parts((self.base + i * PAGE_SIZE) as *const u8, PAGE_SIZE) }
+    }
+
+    fn write_marker(&self, i: usize, m: u64) {
+        assert!(i < self.pages);
+        // SAFETY: as in `page`; the marker lies inside page `i` and is 8-byte aligned.
+        unsafe { ((self.base + i * PAGE_SIZE + marker_offset(i)) as *mut u64).write_volatile(m) };
+    }
+
+    /// Nonzero bytes of page `i` outside its marker.
+    fn stray_bytes(&self, i: usize) -> usize {
+        let p = self.page(i);
+        let o = marker_offset(i);
+        if is_zero(&p[..o]) && is_zero(&p[o + 8..]) {
+            return 0;
+        }
+        p.iter()
+            .enumerate()
+            .filter(|(j, b)| **b != 0 && !(o..o + 8).contains(j))
+            .count()
+    }
+
+    /// First write: marker, then the rest must be zero. Returns stray bytes.
+    fn first_write(&self, i: usize) -> usize {
+        self.write_marker(i, marker(i));
+        self.stray_bytes(i)
+    }
+
+    /// Reads the whole page first (zero page), then writes. Returns stray bytes.
+    fn read_then_write(&self, i: usize) -> usize {
+        let before = self.page(i).iter().filter(|b| **b != 0).count();
+        before + self.first_write(i)
+    }
+
+    /// The page holds exactly its marker. Returns bad bytes.
+    fn holds_marker(&self, i: usize) -> usize {
+        let o = marker_offset(i);
+        let m = u64::from_ne_bytes(self.page(i)[o..o + 8].try_into().expect("8 bytes"));
+        self.stray_bytes(i) + if m == marker(i) { 0 } else { 8 }
+    }
+}
+
+/// Runs `f` over the pages of `lists`, one thread per list; returns the summed result.
+fn par(mem: Mem, lists: Vec<Vec<u32>>, f: fn(&Mem, usize) -> usize) -> usize {
+    let handles: Vec<_> = lists
+        .into_iter()
+        .map(|l| std::thread::spawn(move || l.iter().map(|&i| f(&mem, i as usize)).sum::<usize>()))
+        .collect();
+    handles.into_iter().map(|h| h.join().expect("verify thread")).sum()
+}
+
+fn all(pages: usize) -> Vec<u32> {
+    (0..pages as u32).collect()
+}
+
+struct Outcome {
+    name: &'static str,
+    pages: usize,
+    bad: usize,
+    stats: Snapshot,
+    /// A path the pattern must have exercised, and whether it did.
+    exercised: (&'static str, bool),
+}
+
+fn engine(tweak: &[(&str, &str)]) -> Result<Engine, String> {
+    let mut o = Options::from_env().map_err(|e| e.to_string())?;
+    for (k, v) in tweak {
+        o.set(k, v).map_err(|e| e.to_string())?;
+    }
+    Engine::new(o).map_err(|e| format!("engine: {e}"))
+}
+
+fn region(e: &Engine, bytes: usize) -> Result<(Region, Mem), String> {
+    let r = e.map(bytes).map_err(|e| format!("map: {e}"))?;
+    let mem = Mem {
+        base: r.as_ptr() as usize,
+        pages: bytes / PAGE_SIZE,
+    };
+    Ok((r, mem))
+}
+
+/// Page orders: one list per thread.
+fn sequential(pages: usize, _: usize) -> Vec<Vec<u32>> {
+    vec![all(pages)]
+}
+
+fn random(pages: usize, _: usize) -> Vec<Vec<u32>> {
+    let mut v = all(pages);
+    shuffle(&mut v, 7);
+    vec![v]
+}
+
+/// Threads take interleaved 64-page chunks, so each window reaches into other threads' pages
+/// and the page-state claims decide who installs what.
+fn interleaved(pages: usize, threads: usize) -> Vec<Vec<u32>> {
+    (0..threads)
+        .map(|t| {
+            all(pages)
+                .into_iter()
+                .filter(|i| (*i as usize / 64) % threads == t)
+                .collect()
+        })
+        .collect()
+}
+
+/// A pattern: engine knobs, page orders, what the first visit does, and the path it must take.
+struct Pattern {
+    name: &'static str,
+    knobs: &'static [(&'static str, &'static str)],
+    order: fn(usize, usize) -> Vec<Vec<u32>>,
+    visit: fn(&Mem, usize) -> usize,
+    must: &'static str,
+    took_path: fn(&Snapshot) -> bool,
+}
+
+const PATTERNS: &[Pattern] = &[
+    Pattern {
+        name: "sequential",
+        knobs: &[],
+        order: sequential,
+        visit: Mem::first_write,
+        must: "pages moved from the pool",
+        took_path: |s| s.pages_moved > 0,
+    },
+    Pattern {
+        name: "random",
+        knobs: &[],
+        order: random,
+        visit: Mem::first_write,
+        must: "a hand-back to the kernel",
+        took_path: |s| s.handbacks > 0,
+    },
+    Pattern {
+        name: "multi-threaded",
+        knobs: &[],
+        order: interleaved,
+        visit: Mem::first_write,
+        must: "faults from several threads",
+        took_path: |s| s.predict_starts >= 2,
+    },
+    Pattern {
+        name: "read-then-write",
+        knobs: &[],
+        order: sequential,
+        visit: Mem::read_then_write,
+        must: "zero-page mappings",
+        took_path: |s| s.pages_zero_mapped > 0,
+    },
+    Pattern {
+        name: "copy-forced",
+        knobs: &[("pool", "off")],
+        order: sequential,
+        visit: Mem::first_write,
+        must: "UFFDIO_COPY only",
+        took_path: |s| s.pages_copied > 0 && s.pages_moved == 0,
+    },
+    Pattern {
+        name: "small-pool",
+        knobs: &[("pool_max", "8M"), ("scrub_stop", "8M"), ("scrub_start", "4M")],
+        order: interleaved,
+        visit: Mem::first_write,
+        must: "both moves and copies (pool ran out)",
+        took_path: |s| s.pages_moved > 0 && s.copy_pool_empty > 0,
+    },
+];
+
+fn run_pattern(p: &Pattern, bytes: usize, threads: usize) -> Result<Outcome, String> {
+    let pages = bytes / PAGE_SIZE;
+    let e = engine(p.knobs)?;
+    let (r, mem) = region(&e, bytes)?;
+    let mut bad = par(mem, (p.order)(pages, threads), p.visit);
+    bad += par(mem, vec![all(pages)], Mem::holds_marker);
+    let stats = e.stats();
+    drop(r);
+    Ok(Outcome {
+        name: p.name,
+        pages,
+        bad,
+        exercised: (p.must, (p.took_path)(&stats)),
+        stats,
+    })
+}
+
+/// Writes every page, then drops every other 2 MiB chunk (alternately MADV_DONTNEED and
+/// munmap + fresh map), then visits every page again: dropped pages must read zero, kept
+/// pages must still hold their marker.
+fn discard_and_retouch(bytes: usize) -> Result<Outcome, String> {
+    let pages = bytes / PAGE_SIZE;
+    let e = engine(&[])?;
+    let (mut r, mem) = region(&e, bytes)?;
+    let mut bad = par(mem, vec![all(pages)], Mem::first_write);
+    const CHUNK: usize = 512;
+    let chunks = pages.div_ceil(CHUNK);
+    for c in (1..chunks).step_by(2) {
+        let (off, len) = (c * CHUNK * PAGE_SIZE, (CHUNK.min(pages - c * CHUNK)) * PAGE_SIZE);
+        if c % 4 == 1 {
+            r.discard(off, len).map_err(|e| format!("madvise: {e}"))?;
+        } else {
+            r.replace(off, len).map_err(|e| format!("remap: {e}"))?;
+        }
+    }
+    let dropped = |i: usize| (i / CHUNK) % 2 == 1;
+    // Second visit, in random order so that windows start mid-chunk.
+    let mut order = all(pages);
+    shuffle(&mut order, 11);
+    for &i in &order {
+        let i = i as usize;
+        bad += if dropped(i) {
+            mem.first_write(i)
+        } else {
+            mem.holds_marker(i)
+        };
+    }
+    bad += par(mem, vec![all(pages)], Mem::holds_marker);
+    let stats = e.stats();
+    drop(r);
+    let ok = stats.events_remove > 0 && (chunks < 4 || stats.events_unmap > 0) && stats.pages_forgotten > 0;
+    Ok(Outcome {
+        name: "unmap-and-touch-again",
+        pages,
+        bad,
+        exercised: ("REMOVE and UNMAP events", ok),
+        stats,
+    })
+}
+
+pub fn run(a: &VerifyArgs) -> Result<(), String> {
+    zerofault::probe().map_err(|e| format!("zerofault verify: needs userfaultfd: {e}"))?;
+    let bytes = ((a.gb * (1u64 << 30) as f64) as usize)
+        .next_multiple_of(PAGE_SIZE)
+        .max(4 << 20);
+    let mut failed = 0;
+    let outcomes = PATTERNS
+        .iter()
+        .map(|p| run_pattern(p, bytes, a.threads))
+        .chain(std::iter::once_with(|| discard_and_retouch(bytes)));
+    for o in outcomes {
+        let o = o?;
+        let s = &o.stats;
+        let ok = o.bad == 0 && o.exercised.1;
+        println!(
+            "{:<22} {:>8} pages  {:>6} bad bytes  moved {} copied {} zero-mapped {} handed back {} events remove/unmap {}/{}  {}{}",
+            o.name,
+            o.pages,
+            o.bad,
+            s.pages_moved,
+            s.pages_copied,
+            s.pages_zero_mapped,
+            s.pages_handed_back,
+            s.events_remove,
+            s.events_unmap,
+            if ok { "OK" } else { "FAILED" },
+            if o.exercised.1 { String::new() } else { format!(" (did not exercise: {})", o.exercised.0) }
+        );
+        failed += usize::from(!ok);
+    }
+    if failed > 0 {
+        return Err(format!("zerofault verify: {failed} pattern(s) failed"));
+    }
+    println!("verify: all patterns passed");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_are_nonzero_and_inside_the_page() {
+        for i in 0..10_000 {
+            assert_ne!(marker(i), 0);
+            assert!(marker_offset(i) + 8 <= PAGE_SIZE && marker_offset(i) % 8 == 0);
+        }
+    }
+
+    #[test]
+    fn page_checks_catch_stray_and_missing_bytes() {
+        let mut buf = vec![0u64; 2 * PAGE_SIZE / 8 + 512];
+        let base = (buf.as_mut_ptr() as usize).next_multiple_of(PAGE_SIZE);
+        let mem = Mem { base, pages: 1 };
+        assert_eq!(mem.first_write(0), 0);
+        assert_eq!(mem.holds_marker(0), 0);
+        // SAFETY: base + 100 lies inside `buf`'s page-aligned first page.
+        unsafe { ((base + 100) as *mut u8).write(7) };
+        assert_eq!(mem.holds_marker(0), 1);
+        mem.write_marker(0, 5);
+        assert_eq!(mem.holds_marker(0), 9);
+    }
+
+    #[test]
+    fn bad_flags_are_refused() {
+        assert!(parse(&["--gb".into(), "-2".into()]).unwrap_err().contains("--gb"));
+        assert!(parse(&["--threads".into(), "1".into()])
+            .unwrap_err()
+            .contains("--threads"));
+    }
+}
