@@ -355,8 +355,7 @@ impl<'a> Handler<'a> {
     /// Installs zero pages for a write: moved from the pool where it has pages, else copied.
     fn install_write(&mut self, dst: usize, len: usize) -> Done {
         if !self.can_move {
-            let n = self.copy(dst, len, CopyWhy::NoMove);
-            return n;
+            return self.copy(dst, len, CopyWhy::NoMove);
         }
         let pool = self.shared.pool.as_ref().expect("can_move implies a pool");
         let mut off = 0;

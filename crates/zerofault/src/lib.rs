@@ -220,26 +220,22 @@ impl Engine {
             next_region: AtomicU64::new(1),
             opts,
         });
+        let spawn = |name: &str, body: fn(Arc<Shared>)| {
+            let s = shared.clone();
+            std::thread::Builder::new()
+                .name(name.into())
+                .spawn(move || body(s))
+                .map_err(EngineError::Thread)
+        };
+        // Built before spawning, so that a failed spawn drops an Engine that stops what started.
         let mut engine = Engine {
             shared: shared.clone(),
             handler: None,
             scrubber: None,
         };
-        let s = shared.clone();
-        engine.handler = Some(
-            std::thread::Builder::new()
-                .name("zerofault-fault".into())
-                .spawn(move || fault::run(s))
-                .map_err(EngineError::Thread)?,
-        );
+        engine.handler = Some(spawn("zerofault-fault", fault::run)?);
         if shared.pool.is_some() {
-            let s = shared.clone();
-            engine.scrubber = Some(
-                std::thread::Builder::new()
-                    .name("zerofault-scrub".into())
-                    .spawn(move || scrub::run(s))
-                    .map_err(EngineError::Thread)?,
-            );
+            engine.scrubber = Some(spawn("zerofault-scrub", scrub::run)?);
         }
         Ok(engine)
     }
