@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 pub struct Spec {
     pub command: &'static str,
     pub flags: &'static [(&'static str, bool)],
+    /// Whether arguments other than flags are accepted.
+    pub positional: bool,
 }
 
 /// Parsed flags (last one wins) and positional arguments.
@@ -57,6 +59,9 @@ impl Spec {
             };
             p.values.insert(name.to_string(), value);
         }
+        if let (false, Some(extra)) = (self.positional, p.positional.first()) {
+            return Err(format!("zerofault {}: unexpected argument {extra:?}", self.command));
+        }
         Ok(p)
     }
 }
@@ -78,6 +83,11 @@ impl Parsed {
     }
 }
 
+/// `--gb F` as bytes, rounded up to whole pages.
+pub fn gib_bytes(gb: f64) -> usize {
+    ((gb * (1u64 << 30) as f64) as usize).next_multiple_of(zerofault::sys::mman::PAGE_SIZE)
+}
+
 /// A positive float, finite.
 pub fn positive_f64(s: &str) -> Option<f64> {
     s.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0)
@@ -95,6 +105,7 @@ mod tests {
     const SPEC: Spec = Spec {
         command: "t",
         flags: &[("gb", true), ("quiet", false)],
+        positional: true,
     };
 
     fn args(s: &str) -> Vec<String> {

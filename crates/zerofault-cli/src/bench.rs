@@ -13,7 +13,7 @@
 //!   fill's wall and CPU time are reported on their own line, never hidden.
 //! - `engine-cold`: the engine with the pool empty at the start; everything is counted.
 
-use crate::args::{int_in, positive_f64, Spec};
+use crate::args::{gib_bytes, int_in, positive_f64, Spec};
 use serde_json::{json, Value};
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -32,6 +32,7 @@ pub const SPEC: Spec = Spec {
         ("touch", true),
         ("format", true),
     ],
+    positional: false,
 };
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,9 +83,6 @@ pub struct BenchArgs {
 
 pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
     let p = SPEC.parse(args)?;
-    if let Some(extra) = p.positional.first() {
-        return Err(format!("zerofault bench: unexpected argument {extra:?}"));
-    }
     let modes = p.get(
         "mode",
         vec![Mode::Native, Mode::Engine],
@@ -124,7 +122,7 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
 
 impl BenchArgs {
     fn bytes(&self) -> usize {
-        ((self.gb * (1u64 << 30) as f64) as usize).next_multiple_of(PAGE_SIZE)
+        gib_bytes(self.gb)
     }
 }
 

@@ -8,7 +8,7 @@
 //! over data, would show another page's marker or lose its own. Each pattern also checks that
 //! it exercised the path it names (stats), so a pattern that silently took another path fails.
 
-use crate::args::{int_in, positive_f64, Spec};
+use crate::args::{gib_bytes, int_in, positive_f64, Spec};
 use crate::bench::shuffle;
 use zerofault::sys::mman::PAGE_SIZE;
 use zerofault::zero::is_zero;
@@ -17,6 +17,7 @@ use zerofault::{Engine, Options, Region, Snapshot};
 pub const SPEC: Spec = Spec {
     command: "verify",
     flags: &[("gb", true), ("threads", true)],
+    positional: false,
 };
 
 #[derive(Clone, Debug, PartialEq)]
@@ -27,9 +28,6 @@ pub struct VerifyArgs {
 
 pub fn parse(args: &[String]) -> Result<VerifyArgs, String> {
     let p = SPEC.parse(args)?;
-    if let Some(extra) = p.positional.first() {
-        return Err(format!("zerofault verify: unexpected argument {extra:?}"));
-    }
     Ok(VerifyArgs {
         gb: p.get("gb", 1.0, "a positive size in GiB (e.g. 2 or 0.25)", positive_f64)?,
         threads: p.get("threads", 4, "an integer 2..=256", int_in(2, 256))? as usize,
@@ -287,9 +285,7 @@ fn discard_and_retouch(bytes: usize) -> Result<Outcome, String> {
 
 pub fn run(a: &VerifyArgs) -> Result<(), String> {
     zerofault::probe().map_err(|e| format!("zerofault verify: needs userfaultfd: {e}"))?;
-    let bytes = ((a.gb * (1u64 << 30) as f64) as usize)
-        .next_multiple_of(PAGE_SIZE)
-        .max(4 << 20);
+    let bytes = gib_bytes(a.gb).max(4 << 20);
     let mut failed = 0;
     let outcomes = PATTERNS
         .iter()
