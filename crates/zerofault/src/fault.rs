@@ -69,7 +69,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let (mut counted, mut last_count) = (Duration::ZERO, Instant::now());
     while !shared.stopping.load(Acquire) {
         if let Some(m) = h.queue.pop_front() {
-            h.handle(m);
+            h.handle_counted(m);
             continue;
         }
         h.seq = shared.ranges.seq();
@@ -89,7 +89,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
             continue;
         }
         for m in &buf[..n] {
-            h.handle(m.decode());
+            h.handle_counted(m.decode());
         }
     }
     let now = clock.read();
@@ -148,6 +148,13 @@ impl<'a> Handler<'a> {
 
     fn stats(&self) -> &'a Stats {
         &self.shared.stats
+    }
+
+    /// [`Self::handle`] inside the `handling` bracket that [`crate::Engine::stats`] waits on.
+    fn handle_counted(&mut self, m: Msg) {
+        self.shared.handling.fetch_add(1, SeqCst);
+        self.handle(m);
+        self.shared.handling.fetch_add(1, SeqCst);
     }
 
     fn handle(&mut self, m: Msg) {

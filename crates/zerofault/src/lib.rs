@@ -147,6 +147,9 @@ pub struct Shared {
     /// before.
     pub(crate) active: AtomicBool,
     pub(crate) wakeup: EventFd,
+    /// Odd while the handler is inside one message (bumped on entry and on exit), so that
+    /// [`Engine::stats`] can wait for the counts of the install that woke its caller.
+    pub(crate) handling: AtomicU64,
     next_region: AtomicU64,
 }
 
@@ -217,6 +220,7 @@ impl Engine {
             failed: AtomicBool::new(false),
             active: AtomicBool::new(false),
             wakeup: EventFd::new().map_err(EngineError::Thread)?,
+            handling: AtomicU64::new(0),
             next_region: AtomicU64::new(1),
             opts,
         });
@@ -312,8 +316,20 @@ impl Engine {
         self.shared.pool.as_ref().map_or(0, Pool::available)
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters. It includes every install that woke a thread before this
+    /// call: an install wakes the faulting thread before the handler has counted it, so a
+    /// snapshot taken while the handler is inside a message waits (at most 50 ms) for it.
     pub fn stats(&self) -> Snapshot {
+        let g = self.shared.handling.load(SeqCst);
+        if g % 2 == 1 {
+            let t0 = std::time::Instant::now();
+            while self.shared.handling.load(SeqCst) == g
+                && !self.shared.failed.load(Acquire)
+                && t0.elapsed() < std::time::Duration::from_millis(50)
+            {
+                std::thread::yield_now();
+            }
+        }
         self.shared.stats.snapshot()
     }
 

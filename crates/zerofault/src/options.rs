@@ -196,9 +196,7 @@ macro_rules! options {
 
             /// Sets one knob by name (`max_order`, `max-order` or `ZEROFAULT_MAX_ORDER`).
             pub fn set(&mut self, name: &str, value: &str) -> Result<(), OptionError> {
-                let key = name.trim().to_ascii_lowercase().replace('-', "_");
-                let key = key.strip_prefix("zerofault_").unwrap_or(&key);
-                match key {
+                match Options::canonical(name).as_str() {
                     $( stringify!($name) => {
                         self.$name = <$kind as Kind>::parse(value).ok_or_else(|| {
                             OptionError::bad_value(stringify!($name), value, <$kind as Kind>::ACCEPTS)
@@ -258,6 +256,13 @@ options! {
 }
 
 impl Options {
+    /// A knob's table name from any accepted spelling: `max-order`, `MAX_ORDER`,
+    /// `ZEROFAULT_MAX_ORDER` -> `max_order`.
+    pub fn canonical(name: &str) -> String {
+        let key = name.trim().to_ascii_lowercase().replace('-', "_");
+        key.strip_prefix("zerofault_").map(str::to_string).unwrap_or(key)
+    }
+
     /// Reads the process environment.
     pub fn from_env() -> Result<Options, OptionError> {
         Options::from_lookup(|k| std::env::var(k).ok())

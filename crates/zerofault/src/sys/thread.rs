@@ -1,5 +1,5 @@
-//! Thread-level syscalls: the wake-up eventfd, poll, scheduling class, thread CPU time, tid,
-//! load average.
+//! Thread-level syscalls: the wake-up eventfd, poll, scheduling class, CPU affinity, thread CPU
+//! time, tid, load average.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -124,5 +124,22 @@ impl ThreadClock {
         // leaves `ts` zero.
         unsafe { libc::clock_gettime(self.0, &mut ts) };
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+    }
+}
+
+/// Pins the calling thread to one CPU (`sched_setaffinity`); `cpu` is taken modulo the
+/// number of CPUs the mask can hold.
+pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let bits = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: the index is below the set's capacity in bits.
+    unsafe { libc::CPU_SET(cpu % bits, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
