@@ -67,6 +67,16 @@ impl Spec {
 }
 
 impl Parsed {
+    /// The raw value of `--name`, if given (`""` for a switch).
+    pub fn raw(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// Whether the switch `--name` was given.
+    pub fn has(&self, name: &str) -> bool {
+        self.values.contains_key(name)
+    }
+
     /// The value of `--name` parsed by `parse`, or `default`; a refusal names the flag and
     /// what it accepts.
     pub fn get<T>(
@@ -86,6 +96,34 @@ impl Parsed {
 /// `--gb F` as bytes, rounded up to whole pages.
 pub fn gib_bytes(gb: f64) -> usize {
     ((gb * (1u64 << 30) as f64) as usize).next_multiple_of(zerofault::sys::mman::PAGE_SIZE)
+}
+
+/// A list of integers in `lo..=hi`: `1,2,4`, `1..4` (every integer from 1 to 4) or a mix
+/// (`1..3,8`); each value once, at most 256 entries.
+pub fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> {
+    move |s| {
+        let mut out = Vec::new();
+        for item in s.split(',') {
+            let item = item.trim();
+            let (a, b) = match item.split_once("..") {
+                Some((a, b)) => (a.trim().parse::<u64>().ok()?, b.trim().parse::<u64>().ok()?),
+                None => {
+                    let v = item.parse::<u64>().ok()?;
+                    (v, v)
+                }
+            };
+            if a > b || a < lo || b > hi || out.len() as u64 + (b - a + 1) > 256 {
+                return None;
+            }
+            for v in a..=b {
+                if out.contains(&(v as usize)) {
+                    return None; // each value once: a row per value
+                }
+                out.push(v as usize);
+            }
+        }
+        Some(out)
+    }
 }
 
 /// A positive float, finite.
@@ -136,5 +174,17 @@ mod tests {
         let p = SPEC.parse(&args("--gb -1")).unwrap();
         let e = p.get("gb", 1.0, "a positive size in GiB", positive_f64).unwrap_err();
         assert_eq!(e, "--gb \"-1\" is invalid: it accepts a positive size in GiB");
+    }
+
+    #[test]
+    fn integer_lists_and_ranges() {
+        let l = int_list(1, 64);
+        assert_eq!(l("1,8,64"), Some(vec![1, 8, 64]));
+        assert_eq!(l("1..4"), Some(vec![1, 2, 3, 4]));
+        assert_eq!(l("1..2, 16"), Some(vec![1, 2, 16]));
+        for bad in ["0", "65", "1,,2", "4..1", "x", "", "1..65", "-1", "1,1", "1..3,2"] {
+            assert_eq!(l(bad), None, "{bad}");
+        }
+        assert_eq!(int_list(1, 100_000)("1..1000"), None, "too many entries");
     }
 }

@@ -1,25 +1,43 @@
-//! `zerofault bench`: pft, the seeds' page-fault benchmark, against the native kernel.
+//! `zerofault bench`: pft, the seeds' page-fault benchmark, against everything the kernel
+//! offers today.
 //!
-//! Each rep maps fresh memory; each thread writes one byte per 4 KiB page of its contiguous
-//! share (sequentially, or in a random order of its pages); `--touch F` touches that fraction
-//! of each share. Wall time runs from a start barrier to the last thread's end; user and system
-//! time are getrusage deltas of the whole process over the same span, so the engine's handler
-//! and scrub threads are counted. `flt/cpu/s` = pages / (user + system), `fault/wsec` =
-//! pages / wall, as in pft. Rows are medians over the reps.
+//! Each run maps fresh memory; each thread writes `--cachelines N` cache lines (the first N of
+//! the page, one byte each) of every 4 KiB page of its contiguous share, in the order of
+//! `--pattern` (sequential, a random permutation, or stride K); `--touch F` touches that
+//! fraction of each share. Wall time runs from a start barrier to the last thread's end; user
+//! and system time are getrusage deltas of the whole process over the same span, so the
+//! engine's handler and scrub threads are counted. `flt/cpu/s` = pages / (user + system),
+//! `fault/wsec` = pages / wall, as in pft. Rows are medians over the reps, with the wall's
+//! min..max beside them.
+//!
+//! Every combination of `--threads` and `--cachelines` runs every mode; within a combination
+//! the reps interleave the modes (native, engine, native, engine, ...) so drift of the machine
+//! falls on every mode alike.
 //!
 //! Modes:
 //! - `native`: plain anonymous memory, `MADV_NOHUGEPAGE` (4 KiB kernel faults).
+//! - `thp`: plain anonymous memory, `MADV_HUGEPAGE` (2 MiB kernel faults where the kernel can).
+//! - `populate`: `MADV_NOHUGEPAGE`, each thread `MADV_POPULATE_WRITE`s its whole share and then
+//!   touches it, both timed (what MAP_POPULATE costs a program).
 //! - `engine`: the engine with its pool filled to cover the run *before* the timed part; that
-//!   fill's wall and CPU time are reported on their own line, never hidden.
+//!   fill's wall and CPU time are reported on their own, never hidden.
 //! - `engine-cold`: the engine with the pool empty at the start; everything is counted.
+//! - `engine:KNOB=VALUE[:KNOB=VALUE...]`, `engine-cold:...`: the same with knobs changed (on top
+//!   of the `ZEROFAULT_*` environment), to switch one seed mechanism off and see what it brings:
+//!   `engine:pool=off` (no prezeroing), `engine:start_order=0:max_order=0` (no anticipatory
+//!   prefault).
 
-use crate::args::{gib_bytes, int_in, positive_f64, Spec};
-use serde_json::{json, Value};
+use crate::args::{gib_bytes, int_in, int_list, positive_f64, Parsed, Spec};
+use crate::progress::Progress;
+use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use zerofault::sys::mman::{Mapping, Thp, PAGE_SIZE};
-use zerofault::sys::thread::process_cpu_time;
+use zerofault::sys::mman::{populate_write, Mapping, Thp, PAGE_SIZE};
+use zerofault::sys::thread::{online_cpus, pin_to_cpu, process_cpu_time};
 use zerofault::{Engine, Options, Snapshot};
+
+pub const CACHE_LINE: usize = 64;
+pub const MAX_CACHELINES: usize = PAGE_SIZE / CACHE_LINE;
 
 pub const SPEC: Spec = Spec {
     command: "bench",
@@ -27,34 +45,129 @@ pub const SPEC: Spec = Spec {
         ("gb", true),
         ("reps", true),
         ("threads", true),
+        ("cachelines", true),
         ("mode", true),
         ("pattern", true),
         ("touch", true),
         ("format", true),
+        ("plot", true),
+        ("pin", false),
+        ("quiet", false),
     ],
     positional: false,
 };
 
+/// How a mode gets its memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mode {
+pub enum Base {
     Native,
+    Thp,
+    Populate,
     Engine,
     EngineCold,
 }
 
-impl Mode {
+impl Base {
+    pub const ALL: [Base; 5] = [Base::Native, Base::Thp, Base::Populate, Base::Engine, Base::EngineCold];
+
     pub fn name(self) -> &'static str {
         match self {
-            Mode::Native => "native",
-            Mode::Engine => "engine",
-            Mode::EngineCold => "engine-cold",
+            Base::Native => "native",
+            Base::Thp => "thp",
+            Base::Populate => "populate",
+            Base::Engine => "engine",
+            Base::EngineCold => "engine-cold",
         }
     }
 
-    fn parse(s: &str) -> Option<Mode> {
-        [Mode::Native, Mode::Engine, Mode::EngineCold]
+    /// One line on what the mode measures.
+    pub fn about(self) -> &'static str {
+        match self {
+            Base::Native => "kernel 4 KiB faults (MADV_NOHUGEPAGE)",
+            Base::Thp => "kernel huge-page faults (MADV_HUGEPAGE)",
+            Base::Populate => "MADV_POPULATE_WRITE of each share, then the touch; both timed (4 KiB pages)",
+            Base::Engine => "zerofault, pool filled before the timed part (fill shown apart)",
+            Base::EngineCold => "zerofault, pool empty at the start; everything timed",
+        }
+    }
+
+    fn is_engine(self) -> bool {
+        matches!(self, Base::Engine | Base::EngineCold)
+    }
+}
+
+/// A mode: a base and, for the engine, knobs to change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Mode {
+    pub base: Base,
+    pub knobs: Vec<(String, String)>,
+}
+
+impl Mode {
+    pub fn plain(base: Base) -> Mode {
+        Mode { base, knobs: vec![] }
+    }
+
+    /// `engine:max_order=3:pool=off` and so on.
+    pub fn name(&self) -> String {
+        let mut s = self.base.name().to_string();
+        for (k, v) in &self.knobs {
+            s += &format!(":{k}={v}");
+        }
+        s
+    }
+
+    pub fn is_native(&self) -> bool {
+        self.base == Base::Native && self.knobs.is_empty()
+    }
+
+    /// Parses one mode; the error says what is wrong in one line.
+    pub fn parse(s: &str) -> Result<Mode, String> {
+        let accepts = "it accepts a comma-separated list of native, thp, populate, engine, engine-cold, \
+                       and engine:KNOB=VALUE[:KNOB=VALUE...] or engine-cold:KNOB=VALUE...";
+        let mut parts = s.trim().split(':');
+        let head = parts.next().unwrap_or_default();
+        let base = Base::ALL
             .into_iter()
-            .find(|m| m.name() == s.trim())
+            .find(|b| b.name() == head)
+            .ok_or_else(|| format!("--mode {s:?} is invalid: unknown mode {head:?}; {accepts}"))?;
+        let mut knobs = vec![];
+        for p in parts {
+            if !base.is_engine() {
+                return Err(format!(
+                    "--mode {s:?} is invalid: only engine and engine-cold take knobs; {accepts}"
+                ));
+            }
+            let (k, v) = p
+                .split_once('=')
+                .ok_or_else(|| format!("--mode {s:?} is invalid: {p:?} is not KNOB=VALUE; {accepts}"))?;
+            knobs.push((k.trim().to_string(), v.trim().to_string()));
+        }
+        let mode = Mode { base, knobs };
+        mode.options(Options::default(), None)
+            .map_err(|e| format!("--mode {s:?} is invalid: {e}"))?;
+        Ok(mode)
+    }
+
+    /// `base` with this mode's knobs applied; `warm_pool` (bytes the run needs) raises
+    /// pool_max to hold them, unless the mode sets pool_max itself.
+    fn options(&self, mut o: Options, warm_pool: Option<usize>) -> Result<Options, String> {
+        for (k, v) in &self.knobs {
+            o.set(k, v).map_err(|e| e.to_string())?;
+        }
+        let sets = |name: &str| self.knobs.iter().any(|(k, _)| Options::canonical(k) == name);
+        // `engine:max_order=3` means windows of at most 8 pages, from the first fault on:
+        // a start order above it is lowered unless the mode sets one itself.
+        if sets("max_order") && !sets("start_order") {
+            o.start_order = o.start_order.min(o.max_order);
+        }
+        if let Some(need) = warm_pool {
+            if !sets("pool_max") {
+                o.pool_max = o.pool_max.max(need.next_multiple_of(2 << 20));
+            }
+        }
+        o.validate().map_err(|e| e.to_string())?;
+        Ok(o)
     }
 }
 
@@ -62,67 +175,153 @@ impl Mode {
 pub enum Pattern {
     Seq,
     Random,
+    /// Every K-th page, then the pages after those, and so on: each page once.
+    Stride(usize),
+}
+
+impl Pattern {
+    pub fn name(self) -> String {
+        match self {
+            Pattern::Seq => "seq".into(),
+            Pattern::Random => "random".into(),
+            Pattern::Stride(k) => format!("stride:{k}"),
+        }
+    }
+
+    fn parse(s: &str) -> Option<Pattern> {
+        match s.trim() {
+            "seq" => Some(Pattern::Seq),
+            "random" => Some(Pattern::Random),
+            other => {
+                let k = other.strip_prefix("stride:")?.parse::<usize>().ok()?;
+                (1..=1 << 20).contains(&k).then_some(Pattern::Stride(k))
+            }
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Table,
     Json,
+    Csv,
 }
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct BenchArgs {
     pub gb: f64,
     pub reps: u32,
-    pub threads: usize,
+    pub threads: Vec<usize>,
+    pub cachelines: Vec<usize>,
     pub modes: Vec<Mode>,
     pub pattern: Pattern,
     pub touch: f64,
     pub format: Format,
+    pub plot: Option<PathBuf>,
+    pub pin: bool,
+    pub quiet: bool,
+}
+
+impl Default for BenchArgs {
+    fn default() -> BenchArgs {
+        BenchArgs {
+            gb: 1.0,
+            reps: 3,
+            threads: vec![1],
+            cachelines: vec![1],
+            modes: vec![Mode::plain(Base::Native), Mode::plain(Base::Engine)],
+            pattern: Pattern::Seq,
+            touch: 1.0,
+            format: Format::Table,
+            plot: None,
+            pin: false,
+            quiet: false,
+        }
+    }
+}
+
+/// `--plot FILE`: a path ending in .svg or .png.
+pub fn plot_path(p: &Parsed) -> Result<Option<PathBuf>, String> {
+    p.get("plot", None, "a file name ending in .svg or .png", |s| {
+        let lower = s.to_ascii_lowercase();
+        (lower.ends_with(".svg") || lower.ends_with(".png")).then(|| Some(PathBuf::from(s)))
+    })
 }
 
 pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
     let p = SPEC.parse(args)?;
-    let modes = p.get(
-        "mode",
-        vec![Mode::Native, Mode::Engine],
-        "a comma-separated list of native, engine, engine-cold",
-        |s| {
-            let m: Option<Vec<Mode>> = s.split(',').map(Mode::parse).collect();
-            m.filter(|m| !m.is_empty())
-        },
-    )?;
+    let d = BenchArgs::default();
+    let modes = match p.raw("mode") {
+        None => d.modes,
+        Some(s) => {
+            let modes = s.split(',').map(Mode::parse).collect::<Result<Vec<_>, _>>()?;
+            for (i, m) in modes.iter().enumerate() {
+                if modes[..i].contains(m) {
+                    return Err(format!("--mode {s:?} is invalid: {} is listed twice", m.name()));
+                }
+            }
+            modes
+        }
+    };
     let a = BenchArgs {
-        gb: p.get("gb", 1.0, "a positive size in GiB (e.g. 1 or 0.25)", positive_f64)?,
+        gb: p.get("gb", d.gb, "a positive size in GiB (e.g. 1 or 0.25)", positive_f64)?,
         reps: p.get("reps", 3, "an integer 1..=1000", int_in(1, 1000))? as u32,
-        threads: p.get("threads", 1, "an integer 1..=1024", int_in(1, 1024))? as usize,
+        threads: p.get(
+            "threads",
+            d.threads,
+            "a list of thread counts 1..=1024: 1,2,4 or 1..4",
+            int_list(1, 1024),
+        )?,
+        cachelines: p.get(
+            "cachelines",
+            d.cachelines,
+            &format!("a list of cache lines per page 1..={MAX_CACHELINES}: 1,8,64 or 1..4"),
+            int_list(1, MAX_CACHELINES as u64),
+        )?,
         modes,
-        pattern: p.get("pattern", Pattern::Seq, "seq or random", |s| match s {
-            "seq" => Some(Pattern::Seq),
-            "random" => Some(Pattern::Random),
-            _ => None,
-        })?,
-        touch: p.get("touch", 1.0, "a fraction 0 < F <= 1", |s| {
+        pattern: p.get(
+            "pattern",
+            d.pattern,
+            "seq, random or stride:K (K 1..=1048576)",
+            Pattern::parse,
+        )?,
+        touch: p.get("touch", d.touch, "a fraction 0 < F <= 1", |s| {
             positive_f64(s).filter(|f| *f <= 1.0)
         })?,
-        format: p.get("format", Format::Table, "table or json", |s| match s {
+        format: p.get("format", d.format, "table, json or csv", |s| match s {
             "table" => Some(Format::Table),
             "json" => Some(Format::Json),
+            "csv" => Some(Format::Csv),
             _ => None,
         })?,
+        plot: plot_path(&p)?,
+        pin: p.has("pin"),
+        quiet: p.has("quiet"),
     };
-    if a.bytes() / PAGE_SIZE < a.threads {
-        return Err(format!(
-            "--gb {} is too small for --threads {}: each thread needs a page",
-            a.gb, a.threads
-        ));
-    }
+    a.check()?;
     Ok(a)
 }
 
 impl BenchArgs {
-    fn bytes(&self) -> usize {
+    pub fn bytes(&self) -> usize {
         gib_bytes(self.gb)
+    }
+
+    /// Relations between flags.
+    pub fn check(&self) -> Result<(), String> {
+        let most = self.threads.iter().copied().max().unwrap_or(1);
+        if self.bytes() / PAGE_SIZE < most {
+            return Err(format!(
+                "--gb {} is too small for --threads {most}: each thread needs a page",
+                self.gb
+            ));
+        }
+        Ok(())
+    }
+
+    /// Timed runs in all: combinations x modes x reps.
+    pub fn runs(&self) -> usize {
+        self.threads.len() * self.cachelines.len() * self.modes.len() * self.reps as usize
     }
 }
 
@@ -138,15 +337,22 @@ struct Rep {
     stats: Option<Snapshot>,
 }
 
-/// Page indices each thread touches, in order, prepared outside the timed part.
-fn touch_lists(a: &BenchArgs, pages: usize, rep: u32) -> Vec<Vec<u32>> {
-    let share = pages / a.threads;
-    (0..a.threads)
+/// Page indices each of `threads` threads touches, in order, prepared outside the timed part.
+/// Thread t owns the t-th contiguous share of `pages`.
+pub fn touch_lists(pattern: Pattern, touch: f64, threads: usize, pages: usize, rep: u32) -> Vec<Vec<u32>> {
+    let share = pages / threads;
+    (0..threads)
         .map(|t| {
-            let first = t * share;
-            let n = ((share as f64 * a.touch).round() as usize).clamp(1, share);
-            let mut idx: Vec<u32> = (first as u32..(first + share) as u32).collect();
-            if a.pattern == Pattern::Random {
+            let first = (t * share) as u32;
+            let n = ((share as f64 * touch).round() as usize).clamp(1, share);
+            let mut idx: Vec<u32> = match pattern {
+                Pattern::Seq | Pattern::Random => (first..first + share as u32).collect(),
+                Pattern::Stride(k) => (0..k.min(share))
+                    .flat_map(|off| (off..share).step_by(k))
+                    .map(|i| first + i as u32)
+                    .collect(),
+            };
+            if pattern == Pattern::Random {
                 // The same order for every mode.
                 shuffle(&mut idx, ((t as u64) << 32) ^ rep as u64);
             }
@@ -165,23 +371,39 @@ pub fn shuffle(v: &mut [u32], seed: u64) {
     }
 }
 
-/// Runs the touch phase on `base` with one thread per list; returns (user, sys, wall) seconds.
-fn timed_touch(base: usize, lists: Vec<Vec<u32>>) -> (f64, f64, f64) {
-    let n = lists.len();
+/// What one touch thread does.
+struct Job {
+    list: Vec<u32>,
+    /// `MADV_POPULATE_WRITE` this (address, length) first (the populate mode).
+    populate: Option<(usize, usize)>,
+    cpu: Option<usize>,
+}
+
+/// Runs the touch phase on `base` with one thread per job; returns (user, sys, wall) seconds.
+fn timed_touch(base: usize, jobs: Vec<Job>, cachelines: usize) -> Result<(f64, f64, f64), String> {
+    let n = jobs.len();
     let barrier = Arc::new(Barrier::new(n + 1));
-    let handles: Vec<_> = lists
+    let handles: Vec<_> = jobs
         .into_iter()
-        .map(|list| {
+        .map(|job| {
             let barrier = barrier.clone();
-            std::thread::spawn(move || {
+            std::thread::spawn(move || -> Result<Instant, String> {
+                let pinned = job.cpu.map(pin_to_cpu).transpose();
                 barrier.wait();
-                for &p in &list {
-                    // SAFETY: `base` is a live read-write mapping covering every listed page for
-                    // the whole run (the caller keeps it mapped until the threads are joined);
-                    // threads write disjoint pages.
-                    unsafe { ((base + p as usize * PAGE_SIZE) as *mut u8).write_volatile(1) };
+                pinned.map_err(|e| format!("--pin: sched_setaffinity: {e}"))?;
+                if let Some((addr, len)) = job.populate {
+                    populate_write(addr, len).map_err(|e| format!("MADV_POPULATE_WRITE: {e}"))?;
                 }
-                Instant::now()
+                for &p in &job.list {
+                    let page = base + p as usize * PAGE_SIZE;
+                    for c in 0..cachelines {
+                        // SAFETY: `base` is a live read-write mapping covering every listed
+                        // page for the whole run (the caller keeps it mapped until the threads
+                        // are joined); threads write disjoint pages; c * 64 < 4096.
+                        unsafe { ((page + c * CACHE_LINE) as *mut u8).write_volatile(1) };
+                    }
+                }
+                Ok(Instant::now())
             })
         })
         .collect();
@@ -189,49 +411,77 @@ fn timed_touch(base: usize, lists: Vec<Vec<u32>>) -> (f64, f64, f64) {
     let (u0, s0) = process_cpu_time();
     let t0 = Instant::now();
     barrier.wait();
-    let end = handles
-        .into_iter()
-        .map(|h| h.join().expect("touch thread"))
-        .max()
-        .expect("a thread");
-    let (u1, s1) = process_cpu_time();
-    (
-        (u1 - u0).as_secs_f64(),
-        (s1 - s0).as_secs_f64(),
-        (end - t0).as_secs_f64(),
-    )
-}
-
-fn engine_options(a: &BenchArgs, warm: bool) -> Result<Options, String> {
-    let mut o = Options::from_env().map_err(|e| e.to_string())?;
-    if warm {
-        // Room for the whole run plus one max window per thread of overshoot.
-        let need = a.bytes() + a.threads * (PAGE_SIZE << o.max_order);
-        o.pool_max = o.pool_max.max(need.next_multiple_of(2 << 20));
-    }
-    Ok(o)
-}
-
-fn run_rep(a: &BenchArgs, mode: Mode, rep: u32) -> Result<Rep, String> {
-    let bytes = a.bytes();
-    let lists = touch_lists(a, bytes / PAGE_SIZE, rep);
-    let pages: u64 = lists.iter().map(|l| l.len() as u64).sum();
-    match mode {
-        Mode::Native => {
-            let m = Mapping::new(bytes, Thp::Never).map_err(|e| format!("mmap: {e}"))?;
-            let (user, sys, wall) = timed_touch(m.as_ptr() as usize, lists);
-            Ok(Rep {
-                user,
-                sys,
-                wall,
-                pages,
-                fill: None,
-                stats: None,
-            })
+    let mut end = t0;
+    let mut err = None;
+    for h in handles {
+        match h.join().expect("touch thread") {
+            Ok(t) => end = end.max(t),
+            Err(e) => err = Some(e),
         }
-        Mode::Engine | Mode::EngineCold => {
-            let warm = mode == Mode::Engine;
-            let engine = Engine::new(engine_options(a, warm)?).map_err(|e| format!("engine: {e}"))?;
+    }
+    let (u1, s1) = process_cpu_time();
+    match err {
+        Some(e) => Err(e),
+        None => Ok((
+            (u1 - u0).as_secs_f64(),
+            (s1 - s0).as_secs_f64(),
+            (end - t0).as_secs_f64(),
+        )),
+    }
+}
+
+/// One point of the sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Point {
+    pub threads: usize,
+    pub cachelines: usize,
+}
+
+fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, String> {
+    let bytes = a.bytes();
+    let pages_total = bytes / PAGE_SIZE;
+    let lists = touch_lists(a.pattern, a.touch, at.threads, pages_total, rep);
+    let pages: u64 = lists.iter().map(|l| l.len() as u64).sum();
+    let ncpu = online_cpus();
+    let jobs = |base: usize, populate: bool| -> Vec<Job> {
+        let share = (pages_total / at.threads) * PAGE_SIZE;
+        lists
+            .iter()
+            .enumerate()
+            .map(|(t, l)| Job {
+                list: l.clone(),
+                populate: populate.then_some((base + t * share, share)),
+                cpu: a.pin.then_some(t % ncpu),
+            })
+            .collect()
+    };
+    let plain = |thp: Thp, populate: bool| -> Result<Rep, String> {
+        let m = Mapping::new(bytes, thp).map_err(|e| format!("mmap: {e}"))?;
+        let base = m.as_ptr() as usize;
+        let (user, sys, wall) = timed_touch(base, jobs(base, populate), at.cachelines)?;
+        Ok(Rep {
+            user,
+            sys,
+            wall,
+            pages,
+            fill: None,
+            stats: None,
+        })
+    };
+    match mode.base {
+        Base::Native => plain(Thp::Never, false),
+        Base::Thp => plain(Thp::Always, false),
+        Base::Populate => plain(Thp::Never, true),
+        Base::Engine | Base::EngineCold => {
+            let warm = mode.base == Base::Engine;
+            let env = Options::from_env().map_err(|e| e.to_string())?;
+            // Each page of the region is claimed once, so the region's size is all the run
+            // can take from the pool; one more 2 MiB chunk covers the rounding.
+            let need = warm.then(|| bytes + (2 << 20));
+            let opts = mode
+                .options(env, need)
+                .map_err(|e| format!("--mode {}: {e}", mode.name()))?;
+            let engine = Engine::new(opts).map_err(|e| format!("engine: {e}"))?;
             let mut fill = None;
             if warm {
                 let (u0, s0) = process_cpu_time();
@@ -244,7 +494,8 @@ fn run_rep(a: &BenchArgs, mode: Mode, rep: u32) -> Result<Rep, String> {
             }
             let region = engine.map(bytes).map_err(|e| format!("engine: {e}"))?;
             let before = engine.stats();
-            let (user, sys, wall) = timed_touch(region.as_ptr() as usize, lists);
+            let base = region.as_ptr() as usize;
+            let (user, sys, wall) = timed_touch(base, jobs(base, false), at.cachelines)?;
             let stats = engine.stats().since(&before);
             drop(region);
             drop(engine);
@@ -260,9 +511,12 @@ fn run_rep(a: &BenchArgs, mode: Mode, rep: u32) -> Result<Rep, String> {
     }
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
+    if n == 0 {
+        return 0.0;
+    }
     if n % 2 == 1 {
         v[n / 2]
     } else {
@@ -270,10 +524,11 @@ fn median(mut v: Vec<f64>) -> f64 {
     }
 }
 
-/// The summary of one mode's reps.
+/// The summary of one mode's reps at one point.
 #[derive(Clone, Debug)]
 pub struct Row {
     pub mode: Mode,
+    pub at: Point,
     pub user: f64,
     pub sys: f64,
     pub wall: f64,
@@ -282,15 +537,25 @@ pub struct Row {
     pub pages: u64,
     pub flt_per_cpu_s: f64,
     pub fault_per_wsec: f64,
+    /// Median pool fill before the timed part, (wall, cpu) seconds: `engine` modes only.
     pub fill: Option<(f64, f64)>,
+    /// The engine's counters during the last rep's timed part.
     pub stats: Option<Snapshot>,
 }
 
-fn summarize(mode: Mode, reps: &[Rep]) -> Row {
+impl Row {
+    /// Min and max wall over the reps differ by more than 25%.
+    pub fn spread_warning(&self) -> bool {
+        self.wall_max > self.wall_min * 1.25
+    }
+}
+
+fn summarize(mode: &Mode, at: Point, reps: &[Rep]) -> Row {
     let col = |f: &dyn Fn(&Rep) -> f64| median(reps.iter().map(f).collect());
     let walls: Vec<f64> = reps.iter().map(|r| r.wall).collect();
     Row {
-        mode,
+        mode: mode.clone(),
+        at,
         user: col(&|r| r.user),
         sys: col(&|r| r.sys),
         wall: col(&|r| r.wall),
@@ -309,111 +574,79 @@ fn summarize(mode: Mode, reps: &[Rep]) -> Row {
     }
 }
 
-pub fn run(a: &BenchArgs) -> Result<Vec<Row>, String> {
-    if a.modes.iter().any(|m| *m != Mode::Native) {
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn mem_available() -> Option<usize> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Checks that the runs fit in memory: a run holds its region, and `engine` also its
+/// pre-filled pool, at once.
+pub fn check_memory(a: &BenchArgs) -> Result<(), String> {
+    let copies = if a.modes.iter().any(|m| m.base == Base::Engine) {
+        2
+    } else {
+        1
+    };
+    let need = a.bytes() * copies;
+    match mem_available() {
+        Some(avail) if need > avail / 10 * 9 => Err(format!(
+            "--gb {} is too large here: a run needs {:.1} GiB (its memory{}) and {:.1} GiB is available",
+            a.gb,
+            need as f64 / (1u64 << 30) as f64,
+            if copies == 2 {
+                " and the engine's pre-filled pool"
+            } else {
+                ""
+            },
+            avail as f64 / (1u64 << 30) as f64
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Checks that the engine modes can run here.
+pub fn preflight(modes: &[Mode]) -> Result<(), String> {
+    if modes.iter().any(|m| m.base.is_engine()) {
         zerofault::probe().map_err(|e| {
-            format!("zerofault bench: the engine modes need userfaultfd: {e} (--mode native runs without it)")
+            format!("zerofault bench: the engine modes need userfaultfd: {e} (native, thp and populate run without it)")
         })?;
     }
-    // Reps interleave the modes (native, engine, native, engine, ...) so that drift of the
-    // machine over the run falls on every mode alike.
-    let mut reps: Vec<Vec<Rep>> = vec![vec![]; a.modes.len()];
-    for r in 0..a.reps {
-        for (i, &mode) in a.modes.iter().enumerate() {
-            reps[i].push(run_rep(a, mode, r)?);
-        }
-    }
-    Ok(a.modes.iter().zip(&reps).map(|(m, r)| summarize(*m, r)).collect())
+    Ok(())
 }
 
-fn gb_text(gb: f64) -> String {
-    if gb.fract() == 0.0 {
-        format!("{gb:.0}")
-    } else {
-        format!("{gb}")
-    }
-}
-
-/// pft's table: its columns in its order, then the mode.
-pub fn table(a: &BenchArgs, rows: &[Row]) -> String {
-    let mut s = String::from(" Gb Rep Threads   User      System     Wall flt/cpu/s fault/wsec mode\n");
-    for r in rows {
-        s += &format!(
-            "{:>3} {:>3} {:>4}  {:>8.3}s {:>10.3}s {:>7.3}s {:>9.1} {:>10.1} {}\n",
-            gb_text(a.gb),
-            a.reps,
-            a.threads,
-            r.user,
-            r.sys,
-            r.wall,
-            r.flt_per_cpu_s,
-            r.fault_per_wsec,
-            r.mode.name()
-        );
-    }
-    let native = rows.iter().find(|r| r.mode == Mode::Native);
-    for r in rows {
-        if let (Some(n), true) = (native, r.mode != Mode::Native) {
-            s += &format!(
-                "{}: fault/wsec {:.2}x native, wall {:.2}x native\n",
-                r.mode.name(),
-                r.fault_per_wsec / n.fault_per_wsec,
-                r.wall / n.wall
-            );
-        }
-        if let Some((w, c)) = r.fill {
-            s += &format!(
-                "{}: pool filled before the timed part (not in the row): wall {w:.3}s, cpu {c:.3}s\n",
-                r.mode.name()
-            );
-        }
-        if r.wall_max > r.wall_min * 1.25 {
-            s += &format!(
-                "{}: warning: wall varied {:.3}s..{:.3}s over the reps (more than 25%)\n",
-                r.mode.name(),
-                r.wall_min,
-                r.wall_max
-            );
-        }
-    }
-    s
-}
-
-pub fn json(a: &BenchArgs, rows: &[Row]) -> Value {
-    let pattern = match a.pattern {
-        Pattern::Seq => "seq",
-        Pattern::Random => "random",
-    };
-    Value::Array(
-        rows.iter()
-            .map(|r| {
-                let mut o = json!({
-                    "mode": r.mode.name(),
-                    "gb": a.gb,
-                    "reps": a.reps,
-                    "threads": a.threads,
-                    "pattern": pattern,
-                    "touch": a.touch,
-                    "user_s": r.user,
-                    "sys_s": r.sys,
-                    "wall_s": r.wall,
-                    "wall_s_min": r.wall_min,
-                    "wall_s_max": r.wall_max,
-                    "pages": r.pages,
-                    "flt_per_cpu_s": r.flt_per_cpu_s,
-                    "fault_per_wsec": r.fault_per_wsec,
-                });
-                if let Some((w, c)) = r.fill {
-                    o["pool_fill_wall_s"] = json!(w);
-                    o["pool_fill_cpu_s"] = json!(c);
+/// Runs every point and mode; rows come out by threads, then cache lines, then mode.
+pub fn run(a: &BenchArgs, progress: &Progress) -> Result<Vec<Row>, String> {
+    preflight(&a.modes)?;
+    check_memory(a)?;
+    let mut rows = vec![];
+    for &threads in &a.threads {
+        for &cachelines in &a.cachelines {
+            let at = Point { threads, cachelines };
+            let mut reps: Vec<Vec<Rep>> = vec![vec![]; a.modes.len()];
+            for r in 0..a.reps {
+                for (i, mode) in a.modes.iter().enumerate() {
+                    progress.label(format!(
+                        "{} {} threads={threads} cachelines={cachelines} rep {}",
+                        a.pattern.name(),
+                        mode.name(),
+                        r + 1
+                    ));
+                    reps[i].push(run_rep(a, mode, at, r)?);
+                    progress.step();
                 }
-                if let Some(st) = &r.stats {
-                    o["engine_stats"] = serde_json::from_str(&st.to_json()).expect("stats JSON");
-                }
-                o
-            })
-            .collect(),
-    )
+            }
+            rows.extend(a.modes.iter().zip(&reps).map(|(m, r)| summarize(m, at, r)));
+        }
+    }
+    Ok(rows)
+}
+
+/// The `native` row at the same point, for ratios.
+pub fn native_at(rows: &[Row], at: Point) -> Option<&Row> {
+    rows.iter().find(|r| r.at == at && r.mode.is_native())
 }
 
 #[cfg(test)]
@@ -425,12 +658,46 @@ mod tests {
     }
 
     #[test]
-    fn defaults_follow_the_issue() {
+    fn defaults_follow_the_issues() {
         let a = parse(&[]).unwrap();
-        assert_eq!(a.gb, 1.0);
-        assert_eq!((a.reps, a.threads, a.touch), (3, 1, 1.0));
-        assert_eq!(a.modes, vec![Mode::Native, Mode::Engine]);
-        assert_eq!((a.pattern, a.format), (Pattern::Seq, Format::Table));
+        assert_eq!(a, BenchArgs::default());
+        assert_eq!((a.gb, a.reps, a.touch), (1.0, 3, 1.0));
+        assert_eq!((a.threads, a.cachelines), (vec![1], vec![1]));
+        assert_eq!(a.modes.iter().map(Mode::name).collect::<Vec<_>>(), ["native", "engine"]);
+        assert_eq!(
+            (a.pattern, a.format, a.pin, a.quiet),
+            (Pattern::Seq, Format::Table, false, false)
+        );
+    }
+
+    #[test]
+    fn sweeps_modes_and_variants_parse() {
+        let a = parse(&args(
+            "--threads 1..3,8 --cachelines 1,8,64 --mode native,thp,populate,engine,engine-cold,\
+             engine:max_order=3,engine-cold:pool=off:start_order=0 --pattern stride:16 --format csv \
+             --plot x.PNG --pin --quiet --reps 5 --gb 0.5 --touch 0.25",
+        ))
+        .unwrap();
+        assert_eq!(a.threads, [1, 2, 3, 8]);
+        assert_eq!(a.cachelines, [1, 8, 64]);
+        let names: Vec<String> = a.modes.iter().map(Mode::name).collect();
+        assert_eq!(
+            names,
+            [
+                "native",
+                "thp",
+                "populate",
+                "engine",
+                "engine-cold",
+                "engine:max_order=3",
+                "engine-cold:pool=off:start_order=0"
+            ]
+        );
+        assert_eq!(a.modes[6].base, Base::EngineCold);
+        assert_eq!(a.pattern, Pattern::Stride(16));
+        assert_eq!((a.format, a.pin, a.quiet, a.reps), (Format::Csv, true, true, 5));
+        assert_eq!(a.plot, Some(PathBuf::from("x.PNG")));
+        assert_eq!(a.runs(), 4 * 3 * 7 * 5);
     }
 
     #[test]
@@ -438,13 +705,29 @@ mod tests {
         for (a, needle) in [
             ("--gb -1", "--gb"),
             ("--gb 0", "--gb"),
+            ("--gb nan", "--gb"),
             ("--threads 0", "--threads"),
+            ("--threads 1,0", "--threads"),
+            ("--threads 3..1", "--threads"),
+            ("--threads 1..2000", "--threads"),
+            ("--cachelines 65", "--cachelines"),
+            ("--cachelines 0", "--cachelines"),
             ("--reps x", "--reps"),
-            ("--mode native,warp", "--mode"),
+            ("--mode native,warp", "unknown mode \"warp\""),
+            ("--mode native,native", "listed twice"),
+            ("--mode engine:max_order", "not KNOB=VALUE"),
+            ("--mode engine:max_order=99", "ZEROFAULT_MAX_ORDER"),
+            ("--mode engine:warp=1", "unknown knob"),
+            ("--mode engine:start_order=9:max_order=3", "ZEROFAULT_START_ORDER"),
+            ("--mode native:pool=off", "only engine and engine-cold take knobs"),
             ("--pattern zigzag", "--pattern"),
+            ("--pattern stride:0", "--pattern"),
             ("--touch 1.5", "--touch"),
             ("--format xml", "--format"),
+            ("--plot x.pdf", "--plot"),
+            ("--pin=1", "--pin takes no value"),
             ("--frobnicate", "--frobnicate"),
+            ("--gb 0.000001 --threads 4", "--gb"),
         ] {
             let e = parse(&args(a)).unwrap_err();
             assert!(e.contains(needle) && !e.contains('\n'), "{a}: {e}");
@@ -452,81 +735,44 @@ mod tests {
     }
 
     #[test]
-    fn touch_lists_cover_each_share_once() {
-        let a = parse(&args("--gb 0.001 --threads 2 --pattern random --touch 0.5")).unwrap();
-        let pages = a.bytes() / PAGE_SIZE;
-        let lists = touch_lists(&a, pages, 0);
-        assert_eq!(lists.len(), 2);
-        let share = pages / 2;
-        for (t, l) in lists.iter().enumerate() {
-            assert_eq!(l.len(), (share as f64 * 0.5).round() as usize);
-            let mut s = l.clone();
-            s.sort_unstable();
-            s.dedup();
-            assert_eq!(s.len(), l.len(), "no page twice");
-            assert!(
-                l.iter().all(|&p| (p as usize) / share == t),
-                "inside the thread's share"
-            );
-        }
-        assert_ne!(lists[0], (0..lists[0].len() as u32).collect::<Vec<_>>(), "shuffled");
+    fn variant_knobs_apply_on_top_and_warm_pool_grows() {
+        let m = Mode::parse("engine:max_order=3:pool=off").unwrap();
+        let o = m.options(Options::default(), Some(1 << 30)).unwrap();
+        assert_eq!((o.max_order, o.pool), (3, false));
+        assert_eq!(o.pool_max, 1 << 30, "warm: pool_max covers the run");
+        assert_eq!(o.start_order, 3, "start order follows a lower max order");
+        let m = Mode::parse("engine:pool_max=64M").unwrap();
+        let o = m.options(Options::default(), Some(1 << 30)).unwrap();
+        assert_eq!(o.pool_max, 64 << 20, "an explicit pool_max wins");
     }
 
     #[test]
-    fn table_has_pft_columns_then_mode_and_ratios() {
-        let a = parse(&args("--reps 3")).unwrap();
-        let row = |mode, wall: f64| Row {
-            mode,
-            user: 0.1,
-            sys: 0.2,
-            wall,
-            wall_min: wall,
-            wall_max: wall,
-            pages: 1000,
-            flt_per_cpu_s: 1000.0 / 0.3,
-            fault_per_wsec: 1000.0 / wall,
-            fill: None,
-            stats: None,
-        };
-        let t = table(&a, &[row(Mode::Native, 1.0), row(Mode::Engine, 0.1)]);
-        let lines: Vec<&str> = t.lines().collect();
-        assert_eq!(
-            lines[0].split_whitespace().collect::<Vec<_>>(),
-            [
-                "Gb",
-                "Rep",
-                "Threads",
-                "User",
-                "System",
-                "Wall",
-                "flt/cpu/s",
-                "fault/wsec",
-                "mode"
-            ]
-        );
-        assert_eq!(
-            lines[1].split_whitespace().collect::<Vec<_>>(),
-            ["1", "3", "1", "0.100s", "0.200s", "1.000s", "3333.3", "1000.0", "native"]
-        );
-        assert!(t.contains("engine: fault/wsec 10.00x native"), "{t}");
-        let j = json(&a, &[row(Mode::Engine, 0.5)]);
-        for k in [
-            "mode",
-            "gb",
-            "reps",
-            "threads",
-            "pattern",
-            "touch",
-            "user_s",
-            "sys_s",
-            "wall_s",
-            "pages",
-            "flt_per_cpu_s",
-            "fault_per_wsec",
-        ] {
-            assert!(j[0].get(k).is_some(), "{k}");
+    fn touch_lists_cover_each_share_once() {
+        for pattern in [Pattern::Seq, Pattern::Random, Pattern::Stride(7)] {
+            let pages = 1000;
+            let lists = touch_lists(pattern, 0.5, 2, pages, 0);
+            assert_eq!(lists.len(), 2);
+            let share = pages / 2;
+            for (t, l) in lists.iter().enumerate() {
+                assert_eq!(l.len(), share / 2, "{pattern:?}");
+                let mut s = l.clone();
+                s.sort_unstable();
+                s.dedup();
+                assert_eq!(s.len(), l.len(), "no page twice");
+                assert!(
+                    l.iter().all(|&p| (p as usize) / share == t),
+                    "inside the thread's share"
+                );
+            }
+            let full = touch_lists(pattern, 1.0, 1, 100, 0);
+            let mut s = full[0].clone();
+            s.sort_unstable();
+            assert_eq!(s, (0..100).collect::<Vec<u32>>(), "touch 1 covers every page");
+            match pattern {
+                Pattern::Seq => assert_eq!(full[0], s),
+                Pattern::Random => assert_ne!(full[0], s, "shuffled"),
+                Pattern::Stride(_) => assert_eq!(&full[0][..4], [0, 7, 14, 21]),
+            }
         }
-        assert_eq!(j[0]["mode"], "engine");
-        assert_eq!(j[0]["fault_per_wsec"], 2000.0);
     }
 }

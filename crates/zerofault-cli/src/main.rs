@@ -2,6 +2,11 @@
 
 mod args;
 mod bench;
+mod machine;
+mod output;
+mod plot;
+mod progress;
+mod report;
 mod verify;
 
 use std::process::ExitCode;
@@ -10,14 +15,45 @@ const USAGE: &str = "\
 zerofault: serve anonymous page faults from a pre-zeroed pool (userfaultfd)
 
 usage:
-  zerofault bench  [--gb F] [--reps N] [--threads N] [--mode native,engine,engine-cold]
-                   [--pattern seq|random] [--touch F] [--format table|json]
-      pft: first-touch fault rate of the engine against the native kernel
+  zerofault bench  [--gb F] [--reps N] [--threads LIST] [--cachelines LIST] [--mode LIST]
+                   [--pattern seq|random|stride:K] [--touch F] [--pin] [--quiet]
+                   [--format table|json|csv] [--plot FILE.svg|FILE.png]
+      pft: first-touch fault rate of the engine against the kernel. LIST: 1,2,4 or 1..4.
+      modes: native, thp, populate, engine, engine-cold, engine:KNOB=VALUE[:KNOB=VALUE]
+  zerofault report [--out DIR] [--gb F] [--reps N] [--quiet]
+      the headline suite; writes DIR/BENCHMARKS.md with tables, ratios and plots
   zerofault verify [--gb F] [--threads N]
       every served page reads zero before the first write, under several patterns
   zerofault options [--markdown]
       the engine's knobs (environment ZEROFAULT_<NAME>), their defaults and what they accept
 ";
+
+fn bench(rest: &[String]) -> Result<(), String> {
+    let a = bench::parse(rest)?;
+    if let Some(path) = &a.plot {
+        // Find out now, not after the whole run, that the plot cannot be written.
+        std::fs::File::create(path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
+    }
+    let m = machine::Machine::read();
+    let rows = {
+        let progress = progress::Progress::new(a.runs(), a.quiet);
+        bench::run(&a, &progress)?
+    };
+    match a.format {
+        bench::Format::Table => print!("{}", output::table(&a, &m, &rows)),
+        bench::Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&output::json(&a, &m, &rows)).expect("JSON")
+        ),
+        bench::Format::Csv => print!("{}", output::csv(&a, &m, &rows)),
+    }
+    if let Some(path) = &a.plot {
+        let title = format!("zerofault bench: {}", output::run_line(&a));
+        plot::write(path, &title, &rows)?;
+        eprintln!("zerofault bench: plot written to {}", path.display());
+    }
+    Ok(())
+}
 
 fn main() -> ExitCode {
     let argv: Vec<String> = std::env::args().skip(1).collect();
@@ -29,19 +65,8 @@ fn main() -> ExitCode {
         }
     };
     let result = match cmd {
-        "bench" => bench::parse(rest).and_then(|a| {
-            let rows = bench::run(&a)?;
-            match a.format {
-                bench::Format::Table => print!("{}", bench::table(&a, &rows)),
-                bench::Format::Json => {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&bench::json(&a, &rows)).expect("JSON")
-                    )
-                }
-            }
-            Ok(())
-        }),
+        "bench" => bench(rest),
+        "report" => report::parse(rest).and_then(|a| report::run(&a)),
         "verify" => verify::parse(rest).and_then(|a| verify::run(&a)),
         "options" => match rest.first().map(String::as_str) {
             None => {
@@ -61,7 +86,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         other => Err(format!(
-            "zerofault: unknown command {other:?}; it accepts bench, verify, options, help"
+            "zerofault: unknown command {other:?}; it accepts bench, report, verify, options, help"
         )),
     };
     match result {

@@ -20,9 +20,21 @@ fn bad_flags_fail_with_one_line_naming_the_flag() {
     for (args, needle) in [
         (vec!["bench", "--gb", "-1"], "--gb"),
         (vec!["bench", "--threads", "0"], "--threads"),
+        (vec!["bench", "--threads", "1,0"], "--threads"),
+        (vec!["bench", "--cachelines", "65"], "--cachelines"),
         (vec!["bench", "--mode", "native,warp"], "--mode"),
+        (vec!["bench", "--mode", "engine:max_order=99"], "ZEROFAULT_MAX_ORDER"),
         (vec!["bench", "--pattern", "zigzag"], "--pattern"),
+        (vec!["bench", "--format", "xml"], "--format"),
+        (vec!["bench", "--plot", "x.pdf"], "--plot"),
+        (
+            vec!["bench", "--plot", "/nonexistent/dir/x.png"],
+            "--plot /nonexistent/dir/x.png",
+        ),
         (vec!["bench", "--bogus"], "--bogus"),
+        (vec!["bench", "--gb", "100000", "--mode", "native"], "too large here"),
+        (vec!["report", "--gb", "-1"], "--gb"),
+        (vec!["report", "--reps", "0"], "--reps"),
         (vec!["verify", "--gb", "x"], "--gb"),
         (vec!["frobnicate"], "frobnicate"),
     ] {
@@ -72,71 +84,218 @@ fn the_readme_lists_every_knob_as_the_options_table_says() {
     );
 }
 
+fn temp_dir(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("zerofault-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The sweep, scaled down: every (threads, cachelines, mode) gets one row with the
+/// schema, the engine rows carry their stats and their pool fill, and `--plot` writes a PNG.
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
-fn bench_json_has_one_row_per_mode_with_the_schema() {
+fn bench_sweep_json_has_one_row_per_combination_and_plots() {
+    let dir = temp_dir("sweep");
+    let png = dir.join("x.png");
     let o = zerofault(
         &[
             "bench",
             "--gb",
-            "0.0625",
+            "0.03125",
             "--reps",
             "1",
             "--threads",
-            "2",
+            "1,2",
+            "--cachelines",
+            "1,8,64",
             "--mode",
-            "native,engine,engine-cold",
+            "native,thp,populate,engine,engine-cold",
             "--format",
             "json",
+            "--plot",
+            png.to_str().unwrap(),
         ],
         &[],
     );
     assert!(o.status.success(), "{}", stderr(&o));
-    let rows: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
-    let rows = rows.as_array().expect("array");
-    let modes: Vec<&str> = rows.iter().map(|r| r["mode"].as_str().unwrap()).collect();
-    assert_eq!(modes, ["native", "engine", "engine-cold"]);
-    for r in rows {
-        for k in [
-            "gb",
-            "reps",
-            "threads",
-            "pattern",
-            "touch",
-            "user_s",
-            "sys_s",
-            "wall_s",
-            "pages",
-            "flt_per_cpu_s",
-            "fault_per_wsec",
-        ] {
-            assert!(r.get(k).is_some(), "{k} missing in {r}");
-        }
-        assert_eq!(r["pages"], 16384);
-        assert!(r["fault_per_wsec"].as_f64().unwrap() > 0.0);
+    assert_eq!(
+        stderr(&o).trim(),
+        format!("zerofault bench: plot written to {}", png.display()),
+        "no progress bar when stderr is not a terminal"
+    );
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    for k in [
+        "kernel",
+        "cpu",
+        "cpus",
+        "page_size",
+        "thp_enabled",
+        "thp_defrag",
+        "mthp",
+    ] {
+        assert!(out["machine"].get(k).is_some(), "machine.{k}");
     }
-    assert!(
-        rows[1]["engine_stats"]["pages_moved"].as_u64().unwrap() > 0,
-        "engine used the pool"
-    );
-    assert!(
-        rows[1]["pool_fill_wall_s"].as_f64().is_some(),
-        "the fill is reported apart"
-    );
-    assert!(rows[2].get("pool_fill_wall_s").is_none(), "engine-cold has no fill");
+    let rows = out["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2 * 3 * 5);
+    let mut i = 0;
+    for threads in [1, 2] {
+        for cachelines in [1, 8, 64] {
+            for mode in ["native", "thp", "populate", "engine", "engine-cold"] {
+                let r = &rows[i];
+                i += 1;
+                assert_eq!(
+                    (r["threads"].as_u64(), r["cachelines"].as_u64()),
+                    (Some(threads), Some(cachelines))
+                );
+                assert_eq!(r["mode"], mode);
+                for k in [
+                    "gb",
+                    "reps",
+                    "pattern",
+                    "touch",
+                    "user_s",
+                    "sys_s",
+                    "wall_s",
+                    "wall_s_min",
+                    "wall_s_max",
+                    "pages",
+                    "flt_per_cpu_s",
+                    "fault_per_wsec",
+                    "ratio_to_native",
+                    "pool_fill_wall_s",
+                    "engine_stats",
+                ] {
+                    assert!(r.get(k).is_some(), "{k} missing in {r}");
+                }
+                assert_eq!(r["pages"], 8192);
+                assert!(r["fault_per_wsec"].as_f64().unwrap() > 0.0);
+                assert!(r["ratio_to_native"].as_f64().unwrap() > 0.0);
+                assert_eq!(
+                    r["pool_fill_wall_s"].is_number(),
+                    mode == "engine",
+                    "{mode}: the fill is apart"
+                );
+                assert_eq!(r["engine_stats"].is_object(), mode.starts_with("engine"), "{mode}");
+                if mode == "engine" {
+                    assert!(
+                        r["engine_stats"]["pages_moved"].as_u64().unwrap() > 0,
+                        "engine used the pool"
+                    );
+                }
+            }
+        }
+    }
+    let bytes = std::fs::read(&png).expect("plot written");
+    assert!(bytes.len() > 10_000 && &bytes[1..4] == b"PNG", "{} bytes", bytes.len());
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Kernel modes need no userfaultfd: this runs everywhere.
 #[test]
-#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
-fn bench_table_prints_pft_columns_and_ratios() {
-    let o = zerofault(&["bench", "--gb", "0.03125", "--reps", "1"], &[]);
+fn bench_kernel_modes_csv_and_table() {
+    let o = zerofault(
+        &[
+            "bench",
+            "--gb",
+            "0.015625",
+            "--reps",
+            "2",
+            "--threads",
+            "1..2",
+            "--mode",
+            "native,thp,populate",
+            "--format",
+            "csv",
+        ],
+        &[],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("# zerofault bench | Linux "), "{out}");
+    let head: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!(
+        &head[..7],
+        ["mode", "base", "knobs", "gb", "reps", "threads", "cachelines"]
+    );
+    assert_eq!(lines.len(), 2 + 2 * 3, "{out}");
+    for l in &lines[2..] {
+        assert_eq!(l.split(',').count(), head.len(), "{l}");
+    }
+
+    let o = zerofault(
+        &[
+            "bench",
+            "--gb",
+            "0.015625",
+            "--reps",
+            "1",
+            "--cachelines",
+            "1,64",
+            "--mode",
+            "native,populate",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let lines: Vec<&str> = out.lines().collect();
     assert!(
-        out.starts_with(" Gb Rep Threads   User      System     Wall flt/cpu/s fault/wsec mode\n"),
+        lines[0].starts_with("# zerofault bench | Linux ") && lines[0].contains("THP enabled="),
         "{out}"
     );
-    assert!(out.contains("engine: fault/wsec ") && out.contains("x native"), "{out}");
+    let headers = lines
+        .iter()
+        .filter(|l| l.split_whitespace().next() == Some("Gb"))
+        .count();
+    assert_eq!(headers, 2, "one header per mode's table: {out}");
+    assert!(out.contains("\nnative: kernel 4 KiB faults"), "{out}");
+    assert!(out.contains("fault/wsec relative to native"), "{out}");
+}
+
+/// The whole report suite, tiny: BENCHMARKS.md with its sections, tables and plots.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn report_writes_benchmarks_md_with_tables_and_plots() {
+    let dir = temp_dir("report");
+    let o = zerofault(
+        &[
+            "report",
+            "--out",
+            dir.to_str().unwrap(),
+            "--gb",
+            "0.015625",
+            "--reps",
+            "1",
+            "--quiet",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = std::fs::read_to_string(dir.join("BENCHMARKS.md")).expect("BENCHMARKS.md");
+    for needle in [
+        "# zerofault benchmarks",
+        "**Machine:** Linux ",
+        "**Headline**",
+        "## 1. Sequential first touch: threads and cache lines",
+        "## 2. Random first touch, every page",
+        "## 4. The seed mechanisms, one at a time",
+        "fault/wsec relative to native",
+        "| threads | cache lines | `thp` | `populate` | `engine` | `engine-cold` |",
+        "`engine:pool=off`",
+    ] {
+        assert!(md.contains(needle), "{needle} missing:\n{md}");
+    }
+    for id in ["seq", "random", "random-sparse", "mechanisms"] {
+        assert!(md.contains(&format!("({id}.png)")), "{id}");
+        let png = std::fs::read(dir.join(format!("{id}.png"))).expect("plot");
+        assert_eq!(&png[1..4], b"PNG");
+    }
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("benchmarks.json")).unwrap()).unwrap();
+    assert_eq!(j["suites"].as_array().unwrap().len(), 4);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

@@ -1,0 +1,425 @@
+//! `zerofault report`: the headline suite in one command. Sequential first touch over threads
+//! 1..ncpu and cache lines 1..64, random first touch (dense and sparse), and the seed
+//! mechanisms switched off one at a time; every kernel baseline beside the engine. Writes
+//! DIR/BENCHMARKS.md (tables, ratios to native, plots), the plots as PNG, and every row as
+//! DIR/benchmarks.json.
+
+use crate::args::{int_in, positive_f64, Spec};
+use crate::bench::{self, Base, BenchArgs, Format, Mode, Pattern, Row};
+use crate::machine::Machine;
+use crate::output::{gb_text, ratio};
+use crate::progress::Progress;
+use serde_json::json;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+pub const SPEC: Spec = Spec {
+    command: "report",
+    flags: &[("out", true), ("gb", true), ("reps", true), ("quiet", false)],
+    positional: false,
+};
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReportArgs {
+    pub out: PathBuf,
+    pub gb: f64,
+    pub reps: u32,
+    pub quiet: bool,
+}
+
+pub fn parse(args: &[String]) -> Result<ReportArgs, String> {
+    let p = SPEC.parse(args)?;
+    Ok(ReportArgs {
+        out: p.get("out", PathBuf::from("zerofault-report"), "a directory", |s| {
+            (!s.trim().is_empty()).then(|| PathBuf::from(s))
+        })?,
+        gb: p.get("gb", 1.0, "a positive size in GiB (e.g. 1 or 0.25)", positive_f64)?,
+        reps: p.get("reps", 3, "an integer 1..=1000", int_in(1, 1000))? as u32,
+        quiet: p.has("quiet"),
+    })
+}
+
+/// One section of the report.
+pub struct Suite {
+    /// File stem of its plot.
+    pub id: &'static str,
+    pub title: &'static str,
+    pub about: &'static str,
+    pub args: BenchArgs,
+}
+
+pub fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
+    let threads: Vec<usize> = (1..=cpus).collect();
+    let every: Vec<Mode> = Base::ALL.into_iter().map(Mode::plain).collect();
+    let base = BenchArgs {
+        gb: r.gb,
+        reps: r.reps,
+        threads: threads.clone(),
+        cachelines: vec![1],
+        modes: every.clone(),
+        pattern: Pattern::Seq,
+        touch: 1.0,
+        format: Format::Table,
+        plot: None,
+        pin: false,
+        quiet: r.quiet,
+    };
+    let variant = |s: &str| Mode::parse(s).expect("report modes parse");
+    vec![
+        Suite {
+            id: "seq",
+            title: "Sequential first touch: threads and cache lines",
+            about: "Each thread writes its share of fresh memory page by page, the first N cache \
+                    lines of each page (seed 000's threads table crossed with seed 003's \
+                    cache-line table). The more of each page the program writes itself, the \
+                    less it matters who zeroed it.",
+            args: BenchArgs {
+                cachelines: vec![1, 2, 4, 8, 16, 32, 64],
+                ..base.clone()
+            },
+        },
+        Suite {
+            id: "random",
+            title: "Random first touch, every page",
+            about: "Each thread writes every page of its share once, in a random order. The \
+                    engine's predictor sees no sequence, hands the region back to the kernel \
+                    after a run of misses, and the kernel serves the rest.",
+            args: BenchArgs {
+                pattern: Pattern::Random,
+                ..base.clone()
+            },
+        },
+        Suite {
+            id: "random-sparse",
+            title: "Random first touch, 5% of the pages",
+            about: "Sparse random access: a few faults scattered over a large mapping. The \
+                    engine should cost nothing here (hand-back), and populate pays for pages \
+                    nobody touches.",
+            args: BenchArgs {
+                pattern: Pattern::Random,
+                touch: 0.05,
+                ..base.clone()
+            },
+        },
+        Suite {
+            id: "mechanisms",
+            title: "The seed mechanisms, one at a time",
+            about: "The engine with one mechanism switched off: `pool=off` installs zero-filled \
+                    copies on the faulting path (no prezeroing, seeds 002/003); \
+                    `start_order=0:max_order=0` serves one page per fault (no anticipatory \
+                    prefault, seed 000); `start_order=0:order_step=1:max_order=3` is seed 000's \
+                    own setting (1, 2, 4, 8 pages).",
+            args: BenchArgs {
+                modes: vec![
+                    Mode::plain(Base::Native),
+                    Mode::plain(Base::Engine),
+                    variant("engine:pool=off"),
+                    variant("engine:start_order=0:max_order=0"),
+                    variant("engine:start_order=0:order_step=1:max_order=3"),
+                    Mode::plain(Base::EngineCold),
+                ],
+                ..base
+            },
+        },
+    ]
+}
+
+/// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
+pub fn civil(days: i64) -> (i64, u32, u32) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    (yoe + era * 400 + i64::from(m <= 2), m, d)
+}
+
+fn today() -> String {
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let (y, m, d) = civil((secs / 86_400) as i64);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+fn modes_of(rows: &[Row]) -> Vec<String> {
+    let mut m: Vec<String> = vec![];
+    for r in rows {
+        if !m.contains(&r.mode.name()) {
+            m.push(r.mode.name());
+        }
+    }
+    m
+}
+
+/// fault/wsec over native: one row per point, one column per mode.
+pub fn ratio_markdown(rows: &[Row]) -> String {
+    let others: Vec<String> = modes_of(rows).into_iter().filter(|m| m != "native").collect();
+    let mut s = String::from("| threads | cache lines |");
+    for m in &others {
+        s += &format!(" `{m}` |");
+    }
+    s += "\n|---:|---:|";
+    s += &"---:|".repeat(others.len());
+    s += "\n";
+    let mut points: Vec<_> = rows.iter().map(|r| r.at).collect();
+    points.dedup();
+    for at in points {
+        s += &format!("| {} | {} |", at.threads, at.cachelines);
+        for m in &others {
+            let cell = rows
+                .iter()
+                .find(|r| r.at == at && &r.mode.name() == m)
+                .and_then(|r| ratio(rows, r))
+                .map_or("-".into(), |x| format!("{x:.2}x"));
+            s += &format!(" {cell} |");
+        }
+        s += "\n";
+    }
+    s
+}
+
+/// Every row: pft's columns, the wall's min..max, the ratio and the pool fill.
+pub fn rows_markdown(rows: &[Row]) -> String {
+    let mut s = String::from(
+        "| threads | cache lines | mode | user s | system s | wall s | wall min..max | flt/cpu/s | fault/wsec | x native | pool fill (wall s, apart) |\n\
+         |---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|\n",
+    );
+    for r in rows {
+        s += &format!(
+            "| {} | {} | `{}` | {:.3} | {:.3} | {:.3} | {:.3}..{:.3}{} | {:.0} | {:.0} | {} | {} |\n",
+            r.at.threads,
+            r.at.cachelines,
+            r.mode.name(),
+            r.user,
+            r.sys,
+            r.wall,
+            r.wall_min,
+            r.wall_max,
+            if r.spread_warning() { " (!)" } else { "" },
+            r.flt_per_cpu_s,
+            r.fault_per_wsec,
+            ratio(rows, r).map_or("-".into(), |x| format!("{x:.2}x")),
+            r.fill.map_or("-".into(), |f| format!("{:.3}", f.0)),
+        );
+    }
+    s
+}
+
+/// `mode` over native at `at`, as text.
+fn headline(rows: &[Row], mode: &str, threads: usize) -> String {
+    rows.iter()
+        .find(|r| r.mode.name() == mode && r.at.threads == threads && r.at.cachelines == 1)
+        .and_then(|r| ratio(rows, r))
+        .map_or("-".into(), |x| format!("{x:.2}x"))
+}
+
+pub fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], took: f64) -> String {
+    let mut s = String::from("# zerofault benchmarks\n\n");
+    s += &format!(
+        "Made by `zerofault report` on {} in {:.0} s. Make your own with `cargo run --release -- report --out DIR`.\n\n",
+        today(),
+        took
+    );
+    s += &format!("**Machine:** {}\n\n", m.line());
+    s += &format!(
+        "**Method:** pft, the seeds' benchmark. Each run maps {} GiB of fresh anonymous memory; each \
+         thread writes its contiguous share, page by page, in the order of the pattern; wall time \
+         runs from a start barrier to the last thread's end, user and system time are the whole \
+         process's over the same span (the engine's threads included). `fault/wsec` = pages / wall, \
+         `flt/cpu/s` = pages / (user + system). Every figure is the median of {} reps; the reps \
+         interleave the modes so the machine's drift falls on all of them alike; `(!)` marks a row \
+         whose wall min and max differ by more than 25%. The engine's pool fill (mode `engine`) \
+         happens before the timed part and is shown in its own column, never hidden.\n\n",
+        gb_text(r.gb),
+        r.reps
+    );
+    s += "| mode | what it measures |\n|---|---|\n";
+    for b in Base::ALL {
+        s += &format!("| `{}` | {} |\n", b.name(), b.about());
+    }
+    s += "| `engine:KNOB=VALUE` | the engine with knobs changed (see the mechanisms section) |\n\n";
+    if let Some((_, seq)) = done.iter().find(|(suite, _)| suite.id == "seq") {
+        s += "**Headline** (sequential first touch, 1 cache line per page, fault/wsec over native):\n\n";
+        s += "| threads |";
+        let modes: Vec<String> = modes_of(seq).into_iter().filter(|m| m != "native").collect();
+        for mode in &modes {
+            s += &format!(" `{mode}` |");
+        }
+        s += "\n|---:|";
+        s += &"---:|".repeat(modes.len());
+        s += "\n";
+        for t in &seq.iter().map(|r| r.at.threads).fold(vec![], |mut v, t| {
+            if !v.contains(&t) {
+                v.push(t);
+            }
+            v
+        }) {
+            s += &format!("| {t} |");
+            for mode in &modes {
+                s += &format!(" {} |", headline(seq, mode, *t));
+            }
+            s += "\n";
+        }
+        s += "\n";
+    }
+    for (i, (suite, rows)) in done.iter().enumerate() {
+        let a = &suite.args;
+        s += &format!("## {}. {}\n\n{}\n\n", i + 1, suite.title, suite.about);
+        s += &format!(
+            "`zerofault bench --gb {} --reps {} --threads {} --cachelines {} --pattern {} --touch {} --mode {}`\n\n",
+            gb_text(a.gb),
+            a.reps,
+            a.threads.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            a.cachelines.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
+            a.pattern.name(),
+            a.touch,
+            a.modes.iter().map(Mode::name).collect::<Vec<_>>().join(",")
+        );
+        s += &format!("![{}]({}.png)\n\n", suite.title, suite.id);
+        s += "fault/wsec relative to native:\n\n";
+        s += &ratio_markdown(rows);
+        s += "\n<details><summary>All rows</summary>\n\n";
+        s += &rows_markdown(rows);
+        s += "\n</details>\n\n";
+        let warned = rows.iter().filter(|r| r.spread_warning()).count();
+        if warned > 0 {
+            s += &format!(
+                "Warning: {warned} of {} rows varied by more than 25% between reps (marked `(!)`).\n\n",
+                rows.len()
+            );
+        }
+    }
+    s += "Every row of every section, with the engine's counters, is in `benchmarks.json` beside this file.\n";
+    s
+}
+
+pub fn run(r: &ReportArgs) -> Result<(), String> {
+    let m = Machine::read();
+    let suites = suites(r, m.cpus);
+    for s in &suites {
+        s.args.check()?;
+    }
+    bench::preflight(&suites.iter().flat_map(|s| s.args.modes.clone()).collect::<Vec<_>>())
+        .map_err(|e| e.replace("zerofault bench", "zerofault report"))?;
+    std::fs::create_dir_all(&r.out).map_err(|e| format!("--out {}: {e}", r.out.display()))?;
+    let t0 = Instant::now();
+    let total = suites.iter().map(|s| s.args.runs()).sum();
+    let mut done = vec![];
+    {
+        let progress = Progress::new(total, r.quiet);
+        for suite in suites {
+            let rows = bench::run(&suite.args, &progress)?;
+            done.push((suite, rows));
+        }
+    }
+    let took = t0.elapsed().as_secs_f64();
+    let mut all = vec![];
+    for (suite, rows) in &done {
+        let title = format!(
+            "{} ({} GiB, {} reps)",
+            suite.title,
+            gb_text(suite.args.gb),
+            suite.args.reps
+        );
+        crate::plot::write(&r.out.join(format!("{}.png", suite.id)), &title, rows)?;
+        let mut j = crate::output::json(&suite.args, &m, rows);
+        j["suite"] = json!(suite.id);
+        all.push(j);
+    }
+    let write = |name: &str, text: String| {
+        let p = r.out.join(name);
+        std::fs::write(&p, text).map_err(|e| format!("--out {}: {e}", p.display()))
+    };
+    write("BENCHMARKS.md", markdown(r, &m, &done, took))?;
+    write(
+        "benchmarks.json",
+        serde_json::to_string_pretty(&json!({ "machine": m.json(), "suites": all })).expect("JSON") + "\n",
+    )?;
+    eprintln!(
+        "zerofault report: wrote {} (and its plots, benchmarks.json) in {took:.0} s",
+        r.out.join("BENCHMARKS.md").display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::output::tests::{machine, row};
+
+    fn args(s: &str) -> Vec<String> {
+        s.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn parse_defaults_and_errors() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(
+            (a.out.to_str(), a.gb, a.reps, a.quiet),
+            (Some("zerofault-report"), 1.0, 3, false)
+        );
+        let a = parse(&args("--out docs --gb 0.25 --reps 1 --quiet")).unwrap();
+        assert_eq!((a.out.to_str(), a.gb, a.reps, a.quiet), (Some("docs"), 0.25, 1, true));
+        for (bad, needle) in [
+            ("--gb -1", "--gb"),
+            ("--reps 0", "--reps"),
+            ("--out", "--out"),
+            ("x", "unexpected"),
+        ] {
+            let e = parse(&args(bad)).unwrap_err();
+            assert!(e.contains(needle) && !e.contains('\n'), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_suite_covers_threads_cachelines_patterns_and_every_mode() {
+        let s = suites(&parse(&[]).unwrap(), 2);
+        assert_eq!(s[0].args.threads, [1, 2]);
+        assert_eq!(s[0].args.cachelines, [1, 2, 4, 8, 16, 32, 64]);
+        let names: Vec<String> = s[0].args.modes.iter().map(Mode::name).collect();
+        assert_eq!(names, ["native", "thp", "populate", "engine", "engine-cold"]);
+        assert_eq!(s[1].args.pattern, Pattern::Random);
+        assert_eq!((s[2].args.pattern, s[2].args.touch), (Pattern::Random, 0.05));
+        assert!(s[3].args.modes.iter().any(|m| m.name() == "engine:pool=off"));
+        let runs: usize = s.iter().map(|x| x.args.runs()).sum();
+        assert_eq!(runs, 3 * (14 * 5 + 2 * 5 + 2 * 5 + 2 * 6));
+    }
+
+    #[test]
+    fn markdown_has_tables_ratios_and_plots() {
+        let r = parse(&[]).unwrap();
+        let mut suite = suites(&r, 2);
+        suite.truncate(1);
+        let rows = vec![
+            row("native", 1, 1, 1.0),
+            row("engine", 1, 1, 0.1),
+            row("native", 1, 8, 1.0),
+            row("engine", 1, 8, 0.2),
+        ];
+        let done = vec![(suite.pop().unwrap(), rows)];
+        let md = markdown(&r, &machine(), &done, 95.0);
+        assert!(md.contains("**Machine:** Linux 6.8.0 | Test CPU"), "{md}");
+        assert!(md.contains("![Sequential first touch: threads and cache lines](seq.png)"));
+        assert!(
+            md.contains(
+                "| threads | cache lines | `engine` |\n|---:|---:|---:|\n| 1 | 1 | 10.00x |\n| 1 | 8 | 5.00x |"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("| 1 | 1 | `engine` | 0.100 | 0.200 | 0.100 | 0.100..0.110 | 3333 | 10000 | 10.00x | 0.400 |"),
+            "{md}"
+        );
+        assert!(md.contains("**Headline**") && md.contains("| 1 | 10.00x |"), "{md}");
+    }
+
+    #[test]
+    fn civil_dates() {
+        assert_eq!(civil(0), (1970, 1, 1));
+        assert_eq!(civil(19_723), (2024, 1, 1));
+        assert_eq!(civil(20_778), (2026, 11, 21));
+        assert_eq!(civil(11_016), (2000, 2, 29));
+    }
+}
