@@ -48,7 +48,13 @@ fn bench(rest: &[String]) -> Result<(), String> {
         bench::Format::Csv => print!("{}", output::csv(&a, &m, &rows)),
     }
     if let Some(path) = &a.plot {
-        let title = format!("zerofault bench: {}", output::run_line(&a));
+        let title = format!(
+            "zerofault bench: {} GiB, {}, touch {}, median of {} reps",
+            output::gb_text(a.gb),
+            a.pattern.name(),
+            a.touch,
+            a.reps
+        );
         plot::write(path, &title, &rows)?;
         eprintln!("zerofault bench: plot written to {}", path.display());
     }

@@ -182,7 +182,9 @@ where
 {
     let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
     root.fill(&WHITE).map_err(e)?;
-    let root = root.titled(title, ("sans-serif", 22)).map_err(e)?;
+    // A long title gets a smaller font rather than running off the figure.
+    let title_px = (root.dim_in_pixel().0 as f64 * 1.75 / title.chars().count().max(1) as f64).clamp(12.0, 22.0);
+    let root = root.titled(title, ("sans-serif", title_px)).map_err(e)?;
     let palette = colors(&l.modes);
     let color = |mode: &str| palette[l.modes.iter().position(|m| m == mode).unwrap_or(0)];
     // One legend for the whole figure, in a strip of its own, so it never covers a line.
@@ -291,7 +293,14 @@ where
             .y_desc("fault/wsec over native")
             .x_labels(x_labels)
             .x_label_formatter(&x_tick)
-            .y_label_formatter(&|v: &f64| format!("{v:.0}x"))
+            .y_label_formatter(&|v: &f64| {
+                // Steps of 0.5 or 0.2 on a short axis need their decimal.
+                if (v - v.round()).abs() < 1e-9 {
+                    format!("{v:.0}x")
+                } else {
+                    format!("{v:.1}x")
+                }
+            })
             .light_line_style(TRANSPARENT)
             .label_style(("sans-serif", 14))
             .draw()
