@@ -316,3 +316,26 @@ fn verify_passes_on_every_pattern() {
         assert!(out.lines().any(|l| l.starts_with(p) && l.ends_with("OK")), "{p}: {out}");
     }
 }
+
+#[test]
+fn the_readme_links_the_committed_report_and_its_plots_exist() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/../..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).unwrap();
+    assert!(
+        readme.contains("](docs/BENCHMARKS.md)"),
+        "README links docs/BENCHMARKS.md"
+    );
+    let md = std::fs::read_to_string(format!("{root}/docs/BENCHMARKS.md")).expect("docs/BENCHMARKS.md committed");
+    assert!(md.starts_with("# zerofault benchmarks") && md.contains("fault/wsec relative to native"));
+    let images: Vec<&str> = md
+        .split("](")
+        .skip(1)
+        .filter_map(|s| s.split_once(')'))
+        .map(|(p, _)| p)
+        .collect();
+    assert!(images.len() >= 4, "{images:?}");
+    for img in images {
+        let bytes = std::fs::read(format!("{root}/docs/{img}")).unwrap_or_else(|e| panic!("docs/{img}: {e}"));
+        assert_eq!(&bytes[1..4], b"PNG", "{img}");
+    }
+}
