@@ -7,6 +7,7 @@ mod output;
 mod plot;
 mod progress;
 mod report;
+mod run;
 mod verify;
 
 use std::process::ExitCode;
@@ -22,6 +23,8 @@ usage:
       modes: native, thp, populate, engine, engine-cold, engine:KNOB=VALUE[:KNOB=VALUE]
   zerofault report [--out DIR] [--gb F] [--reps N] [--quiet]
       the headline suite; writes DIR/BENCHMARKS.md with tables, ratios and plots
+  zerofault run [--stats] [--KNOB=VALUE ...] -- PROGRAM [ARGS]
+      runs PROGRAM with the LD_PRELOAD shim: its large anonymous memory is served by the engine
   zerofault verify [--gb F] [--threads N]
       every served page reads zero before the first write, under several patterns
   zerofault options [--markdown]
@@ -62,6 +65,15 @@ fn bench(rest: &[String]) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args_os().nth(1).is_some_and(|a| a == "run") {
+        let args: Vec<std::ffi::OsString> = std::env::args_os().skip(2).collect();
+        let e = match run::parse(&args) {
+            Ok(a) => run::run(&a), // returns only if exec failed
+            Err(e) => e,
+        };
+        eprintln!("{e}");
+        return ExitCode::from(127);
+    }
     let argv: Vec<String> = std::env::args().skip(1).collect();
     let (cmd, rest) = match argv.split_first() {
         Some((c, r)) => (c.as_str(), r),
@@ -92,7 +104,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         other => Err(format!(
-            "zerofault: unknown command {other:?}; it accepts bench, report, verify, options, help"
+            "zerofault: unknown command {other:?}; it accepts bench, report, run, verify, options, help"
         )),
     };
     match result {

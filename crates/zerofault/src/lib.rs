@@ -74,7 +74,7 @@ pub use sys::uffd::{Features, UffdError};
 use pool::Pool;
 use region::RangeTable;
 use scrub::ScrubCtl;
-use stats::Stats;
+use stats::{Stats, StatsHome};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, RwLock};
@@ -137,7 +137,7 @@ pub struct Shared {
     pub(crate) ranges: RangeTable,
     pub(crate) pool: Option<Pool>,
     pub(crate) zero: ZeroSource,
-    pub(crate) stats: Stats,
+    pub(crate) stats: StatsHome,
     pub(crate) scrub: ScrubCtl,
     /// Set by Engine::drop before it wakes the threads.
     pub(crate) stopping: AtomicBool,
@@ -188,6 +188,17 @@ pub struct Engine {
     scrubber: Option<JoinHandle<()>>,
 }
 
+thread_local! {
+    static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
+/// shim passes their allocations and mappings straight to the system: they serve faults and
+/// must never wait on one.
+pub fn in_engine_thread() -> bool {
+    ENGINE_THREAD.with(|t| t.get())
+}
+
 /// Whether this process can open a userfaultfd, and with which features.
 pub fn probe() -> Result<Features, UffdError> {
     Uffd::open().map(|u| u.features())
@@ -196,6 +207,16 @@ pub fn probe() -> Result<Features, UffdError> {
 impl Engine {
     /// Starts an engine with the given options.
     pub fn new(opts: Options) -> Result<Engine, EngineError> {
+        Engine::start(opts, StatsHome::Own(Box::default()))
+    }
+
+    /// Starts an engine that adds its counters to `stats`, which others may share (the
+    /// counters of several engines then add up; [`Engine::stats`] shows the sum).
+    pub fn with_stats(opts: Options, stats: &'static Stats) -> Result<Engine, EngineError> {
+        Engine::start(opts, StatsHome::Lent(stats))
+    }
+
+    fn start(opts: Options, stats: StatsHome) -> Result<Engine, EngineError> {
         opts.validate()?;
         let page = mman::system_page_size();
         if page != PAGE_SIZE {
@@ -214,7 +235,7 @@ impl Engine {
             ranges: RangeTable::default(),
             pool,
             zero: ZeroSource::new().map_err(EngineError::Map)?,
-            stats: Stats::default(),
+            stats,
             scrub: ScrubCtl::default(),
             stopping: AtomicBool::new(false),
             failed: AtomicBool::new(false),
@@ -228,7 +249,10 @@ impl Engine {
             let s = shared.clone();
             std::thread::Builder::new()
                 .name(name.into())
-                .spawn(move || body(s))
+                .spawn(move || {
+                    ENGINE_THREAD.with(|t| t.set(true));
+                    body(s)
+                })
                 .map_err(EngineError::Thread)
         };
         // Built before spawning, so that a failed spawn drops an Engine that stops what started.
@@ -309,6 +333,22 @@ impl Engine {
             }
             None => Ok(()),
         }
+    }
+
+    /// For the child of a fork(): this engine belongs to the parent (its threads were not
+    /// copied, its userfaultfd serves the parent's memory). Closes the child's copy of the
+    /// descriptor, so that the parent failing open is never held up by it, and forgets the
+    /// rest without touching the threads or any lock they may have held at the fork.
+    pub fn forget_after_fork(self) {
+        // The parent's handler holds a read lock for its whole life, so only read access is
+        // possible here; the descriptor is closed by number and the engine leaked, so that
+        // nothing closes it twice.
+        if let Ok(g) = self.shared.uffd.try_read() {
+            if let Some(u) = g.as_ref() {
+                sys::thread::close_fd(u.raw_fd());
+            }
+        }
+        std::mem::forget(self);
     }
 
     /// Pages ready in the pool.

@@ -253,6 +253,16 @@ options! {
     /// Testing only: the fault handler panics on this fault event (0 = never), to exercise
     /// fail-open.
     panic_after: Count = "0",
+    /// LD_PRELOAD shim: anonymous private mmaps and malloc-family blocks at least this large
+    /// are served by the engine; smaller ones go to the system untouched.
+    preload_threshold: Size = "2M",
+    /// LD_PRELOAD shim: address space reserved (not memory used) for large malloc blocks.
+    preload_arena: Size = "64G",
+    /// LD_PRELOAD shim: print the engine's counters to stderr at exit (the process and the
+    /// children it forked).
+    stats: Bool = "off",
+    /// LD_PRELOAD shim: pass every call through; the program runs as without the shim.
+    disable: Bool = "off",
 }
 
 impl Options {

@@ -123,6 +123,25 @@ counters! {
     handler_panics,
 }
 
+/// Where an engine keeps its counters: its own, or a block the embedder hands in and may
+/// share (the LD_PRELOAD shim puts one in `MAP_SHARED` memory, so that the engines of forked
+/// children add to the counters their parent prints).
+#[derive(Debug)]
+pub enum StatsHome {
+    Own(Box<Stats>),
+    Lent(&'static Stats),
+}
+
+impl std::ops::Deref for StatsHome {
+    type Target = Stats;
+    fn deref(&self) -> &Stats {
+        match self {
+            StatsHome::Own(s) => s,
+            StatsHome::Lent(s) => s,
+        }
+    }
+}
+
 impl Stats {
     /// Adds `n` to a counter.
     #[inline]

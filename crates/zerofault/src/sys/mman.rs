@@ -1,5 +1,9 @@
 //! mmap / munmap / madvise helpers.
 //!
+//! These are raw system calls, not the libc wrappers: a process that runs the engine under an
+//! LD_PRELOAD shim has `mmap`, `munmap` and `madvise` interposed, and the engine's own memory
+//! (its pool, its zero source, the regions it maps) must never come back to the shim.
+//!
 //! Contract: every address handed in is page aligned and every length a multiple of the page
 //! size; every mapping returned is anonymous and private. Callers own what they map and unmap
 //! it exactly once.
@@ -13,6 +17,26 @@ pub const PMD_SIZE: usize = 2 << 20;
 
 /// `MADV_POPULATE_WRITE` (Linux 5.14): fault pages in writable, zero-filled by the kernel.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
+
+/// mmap(2) as a system call. Returns MAP_FAILED with errno set on failure, like libc's.
+///
+/// # Safety
+/// As mmap(2): a MAP_FIXED mapping replaces whatever was at the address.
+unsafe fn sys_mmap(addr: *mut libc::c_void, len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut libc::c_void {
+    // SAFETY: the caller upholds mmap's contract; an anonymous mapping takes no fd (-1).
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_mmap,
+            addr,
+            len,
+            prot,
+            flags,
+            -1 as libc::c_int,
+            0 as libc::off_t,
+        )
+    };
+    r as *mut libc::c_void
+}
 
 /// The system page size, from sysconf.
 pub fn system_page_size() -> usize {
@@ -35,7 +59,7 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
     }
     // SAFETY: a fresh anonymous mapping at an address the kernel chooses; no existing memory is
     // affected. The result is checked against MAP_FAILED.
-    let p = unsafe { libc::mmap(std::ptr::null_mut(), total, prot, flags, -1, 0) };
+    let p = unsafe { sys_mmap(std::ptr::null_mut(), total, prot, flags) };
     if p == libc::MAP_FAILED {
         return Err(io::Error::last_os_error());
     }
@@ -57,13 +81,11 @@ pub fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the range and wants its contents replaced by zero pages; MAP_FIXED
     // affects only `[addr, addr + len)`.
     let p = unsafe {
-        libc::mmap(
+        sys_mmap(
             addr as *mut libc::c_void,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
-            -1,
-            0,
         )
     };
     if p == libc::MAP_FAILED {
@@ -76,7 +98,7 @@ pub fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
 pub fn unmap(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: callers own the range (they mapped it, or the program handed it to us to drop);
     // munmap of page-aligned ranges cannot corrupt memory outside it.
-    let rc = unsafe { libc::munmap(addr as *mut libc::c_void, len) };
+    let rc = unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }
@@ -88,7 +110,7 @@ pub fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
     // SAFETY: advice on a page-aligned range the caller owns; the advices used by the engine
     // (NOHUGEPAGE, DONTFORK, POPULATE_WRITE, DONTNEED on its own pool) never touch memory the
     // caller does not own.
-    let rc = unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) };
+    let rc = unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) };
     if rc != 0 {
         return Err(io::Error::last_os_error());
     }

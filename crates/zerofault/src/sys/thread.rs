@@ -143,3 +143,10 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
         Err(io::Error::last_os_error())
     }
 }
+
+/// Closes a descriptor by number, for a copy that no owner will close (a forked child's copy
+/// of a descriptor whose owning object is leaked).
+pub fn close_fd(fd: RawFd) {
+    // SAFETY: the caller guarantees no live owner will use or close `fd` again.
+    unsafe { libc::close(fd) };
+}

@@ -1,0 +1,172 @@
+//! `zerofault run [--stats] [--KNOB=VALUE ...] -- PROGRAM ARGS`: runs an unmodified program
+//! with the LD_PRELOAD shim, found beside this binary; the program's exit status is ours (the
+//! program replaces this process).
+//!
+//! Fail open: a refused knob value, or a shim that cannot be found, is one line on stderr and
+//! the program runs without the shim.
+
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use zerofault::options::env_name;
+use zerofault::Options;
+
+pub const SHIM: &str = "libzerofault.so";
+
+#[derive(Debug, PartialEq)]
+pub struct RunArgs {
+    pub stats: bool,
+    /// (knob, value) as given.
+    pub knobs: Vec<(String, String)>,
+    pub program: Vec<OsString>,
+}
+
+const USAGE: &str = "zerofault run [--stats] [--KNOB=VALUE ...] -- PROGRAM [ARGS]";
+
+pub fn parse(args: &[OsString]) -> Result<RunArgs, String> {
+    let mut a = RunArgs {
+        stats: false,
+        knobs: vec![],
+        program: vec![],
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let s = arg.to_string_lossy();
+        if s == "--" {
+            a.program = it.by_ref().cloned().collect();
+            break;
+        }
+        if s == "--stats" {
+            a.stats = true;
+        } else if let Some((k, v)) = s.strip_prefix("--").and_then(|b| b.split_once('=')) {
+            a.knobs.push((k.to_string(), v.to_string()));
+        } else if !s.starts_with('-') {
+            // The program without `--`: everything from here on is its.
+            a.program.push(arg.clone());
+            a.program.extend(it.by_ref().cloned());
+            break;
+        } else {
+            return Err(format!(
+                "zerofault run: unknown flag {s}; it accepts --stats and --KNOB=VALUE (see zerofault options): {USAGE}"
+            ));
+        }
+    }
+    if a.program.is_empty() {
+        return Err(format!("zerofault run: no program given: {USAGE}"));
+    }
+    Ok(a)
+}
+
+/// Where the shim may be, next to the running binary (a cargo build puts it in the same
+/// directory or in its `deps/`; an install in `../lib`).
+pub fn candidates(exe: &Path) -> Vec<PathBuf> {
+    let dir = exe.parent().unwrap_or(Path::new("."));
+    vec![
+        dir.join(SHIM),
+        dir.join("deps").join(SHIM),
+        dir.join("../lib").join(SHIM),
+        dir.join("../lib/zerofault").join(SHIM),
+    ]
+}
+
+pub fn find_shim() -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
+    let places = candidates(&exe);
+    places.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
+        format!(
+            "cannot find {SHIM} (looked in {}; `cargo build --release` builds it)",
+            places
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    })
+}
+
+/// Checks the knobs as the shim will read them: the environment, then the flags.
+pub fn check_knobs(a: &RunArgs) -> Result<Options, String> {
+    let mut o = Options::from_env().map_err(|e| e.to_string())?;
+    for (k, v) in &a.knobs {
+        o.set(k, v).map_err(|e| e.to_string())?;
+    }
+    o.validate().map_err(|e| e.to_string())?;
+    Ok(o)
+}
+
+/// Execs the program; returns only on failure to exec.
+pub fn run(a: &RunArgs) -> String {
+    let mut cmd = Command::new(&a.program[0]);
+    cmd.args(&a.program[1..]);
+    let shim = check_knobs(a)
+        .map_err(|e| {
+            format!(
+                "zerofault run: {e}; running {} without the engine",
+                a.program[0].to_string_lossy()
+            )
+        })
+        .and_then(|_| {
+            find_shim().map_err(|e| {
+                format!(
+                    "zerofault run: {e}; running {} without the engine",
+                    a.program[0].to_string_lossy()
+                )
+            })
+        });
+    match shim {
+        Ok(path) => {
+            for (k, v) in &a.knobs {
+                cmd.env(env_name(&Options::canonical(k)), v);
+            }
+            if a.stats {
+                cmd.env(env_name("stats"), "on");
+            }
+            let mut preload = OsString::from(path.as_os_str());
+            if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {
+                preload.push(":");
+                preload.push(old);
+            }
+            cmd.env("LD_PRELOAD", preload);
+        }
+        Err(line) => eprintln!("{line}"),
+    }
+    let e = cmd.exec();
+    format!("zerofault run: {}: {e}", a.program[0].to_string_lossy())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(s: &str) -> Vec<OsString> {
+        s.split_whitespace().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn flags_knobs_and_the_program() {
+        let a = parse(&os("--stats --max_order=9 --pool-max=1G -- sort -S 2G x")).unwrap();
+        assert!(a.stats);
+        assert_eq!(
+            a.knobs,
+            [("max_order".into(), "9".into()), ("pool-max".into(), "1G".into())]
+        );
+        assert_eq!(a.program, os("sort -S 2G x"));
+        let a = parse(&os("python3 -c 1")).unwrap();
+        assert_eq!(a.program, os("python3 -c 1"), "-- may be left out");
+        assert!(check_knobs(&parse(&os("--max_order=99 -- x")).unwrap())
+            .unwrap_err()
+            .contains("ZEROFAULT_MAX_ORDER"));
+        for bad in ["", "--stats", "--bogus -- x"] {
+            let e = parse(&os(bad)).unwrap_err();
+            assert!(!e.contains('\n') && e.starts_with("zerofault run:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn the_shim_is_looked_for_beside_the_binary() {
+        let c = candidates(Path::new("/opt/zf/bin/zerofault"));
+        assert_eq!(c[0], Path::new("/opt/zf/bin/libzerofault.so"));
+        assert!(c.contains(&PathBuf::from("/opt/zf/bin/../lib/libzerofault.so")));
+    }
+}
