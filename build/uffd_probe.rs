@@ -5,6 +5,8 @@
 //! this machine cannot open a userfaultfd, so `cargo test` reports those tests as *ignored*
 //! (never as passed). With `ZEROFAULT_REQUIRE_UFFD=1` (CI) the flag is never set: the tests run
 //! and fail with the reason when userfaultfd is missing.
+//!
+//! Likewise `zerofault_no_stress_ng` when `stress-ng` is not on the PATH (one test runs it).
 
 use std::io::Error;
 
@@ -46,13 +48,28 @@ fn probe() -> Result<(), String> {
     Ok(())
 }
 
+/// Whether `stress-ng` is on the PATH (the shim's tests run it; `.ci/run` installs it).
+fn has_stress_ng() -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("stress-ng").is_file()))
+}
+
 fn main() {
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_uffd)");
+    println!("cargo:rustc-check-cfg=cfg(zerofault_no_stress_ng)");
     println!("cargo:rerun-if-env-changed=ZEROFAULT_REQUIRE_UFFD");
+    println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-changed=/proc/sys/vm/unprivileged_userfaultfd");
     println!("cargo:rerun-if-changed=/dev/userfaultfd");
+    println!("cargo:rerun-if-changed=/usr/bin/stress-ng");
     if std::env::var("ZEROFAULT_REQUIRE_UFFD").as_deref() == Ok("1") {
         return;
+    }
+    if !has_stress_ng() {
+        println!("cargo:rustc-cfg=zerofault_no_stress_ng");
+        println!(
+            "cargo:warning=stress-ng is not installed: the shim's stress-ng test is marked ignored \
+             (apt-get install stress-ng; .ci/run installs it)"
+        );
     }
     if let Err(why) = probe() {
         println!("cargo:rustc-cfg=zerofault_no_uffd");

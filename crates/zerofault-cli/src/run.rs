@@ -73,16 +73,24 @@ pub fn candidates(exe: &Path) -> Vec<PathBuf> {
 pub fn find_shim() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let places = candidates(&exe);
-    places.iter().find(|p| p.is_file()).cloned().ok_or_else(|| {
-        format!(
-            "cannot find {SHIM} (looked in {}; `cargo build --release` builds it)",
-            places
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )
-    })
+    // The newest: a cargo build refreshes deps/ and leaves an older copy beside the binary
+    // until the shim's own package is built at the top level again.
+    let mtime = |p: &PathBuf| p.metadata().and_then(|m| m.modified()).ok();
+    places
+        .iter()
+        .filter(|p| p.is_file())
+        .max_by_key(|p| mtime(p))
+        .cloned()
+        .ok_or_else(|| {
+            format!(
+                "cannot find {SHIM} (looked in {}; `cargo build --release` builds it)",
+                places
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        })
 }
 
 /// Checks the knobs as the shim will read them: the environment, then the flags.

@@ -1,0 +1,354 @@
+//! Unmodified programs under the LD_PRELOAD shim, through `zerofault run`: the same output and
+//! exit status as without it, and pages served by the engine where they use large blocks.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn zerofault() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_zerofault"))
+}
+
+/// The directory holding libzerofault.so for this build (cargo puts it in `deps/`).
+fn lib_dir() -> PathBuf {
+    let exe = PathBuf::from(env!("CARGO_BIN_EXE_zerofault"));
+    let dir = exe.parent().unwrap().to_path_buf();
+    let mtime = |d: &PathBuf| d.join("libzerofault.so").metadata().and_then(|m| m.modified()).ok();
+    [dir.clone(), dir.join("deps")]
+        .into_iter()
+        .filter(|d| d.join("libzerofault.so").is_file())
+        .max_by_key(mtime)
+        .expect("libzerofault.so built beside the zerofault binary")
+}
+
+fn temp_dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("zerofault-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `program args` plainly, and under `zerofault run --stats`.
+fn both(program: &str, args: &[&str], dir: &Path) -> (Output, Output) {
+    let plain = Command::new(program)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect(program);
+    let shim = zerofault()
+        .args(["run", "--stats", "--", program])
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("zerofault run");
+    (plain, shim)
+}
+
+/// stderr without the shim's report.
+fn program_stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr)
+        .lines()
+        .filter(|l| !l.starts_with("zerofault: "))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+/// `pages_served` of the report of the process `zerofault run` started (the last one printed:
+/// helper processes a program execs report first).
+fn pages_served(o: &Output) -> u64 {
+    let err = String::from_utf8_lossy(&o.stderr);
+    err.lines()
+        .filter_map(|l| l.strip_prefix("zerofault: pages_served "))
+        .map(|v| v.trim().parse::<u64>().unwrap())
+        .max()
+        .unwrap_or_else(|| panic!("no stats report in stderr:\n{err}"))
+}
+
+fn assert_same(plain: &Output, shim: &Output) {
+    assert_eq!(plain.status.code(), shim.status.code(), "exit status");
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        String::from_utf8_lossy(&shim.stdout),
+        "stdout"
+    );
+    assert_eq!(program_stderr(plain), program_stderr(shim), "stderr");
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn python_builds_and_sums_a_bytearray_of_1_gib() {
+    let dir = temp_dir("python");
+    let script = "b = bytearray(1 << 30)\n\
+                  b[::4096] = bytes(range(256)) * 1024\n\
+                  print(len(b), sum(b[::4096]), sum(b[1::4096]), b.count(0))\n";
+    let (plain, shim) = both("python3", &["-c", script], &dir);
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&plain.stdout),
+        "1073741824 33423360 0 1073480704\n"
+    );
+    assert_same(&plain, &shim);
+    assert!(
+        pages_served(&shim) > 200_000,
+        "{}",
+        String::from_utf8_lossy(&shim.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// 1 GiB of text lines from a fixed-seed generator.
+fn write_lines(path: &Path, bytes: usize) {
+    use std::io::Write;
+    let mut f = std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path).unwrap());
+    let mut x = 0x2545_F491_4F6C_DD1Du64;
+    let mut n = 0;
+    while n < bytes {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let line = format!("{:016x} {}\n", x, x % 1_000_003);
+        f.write_all(line.as_bytes()).unwrap();
+        n += line.len();
+    }
+    f.flush().unwrap();
+}
+
+fn same_file(a: &Path, b: &Path) -> bool {
+    use std::io::Read;
+    let (mut fa, mut fb) = (std::fs::File::open(a).unwrap(), std::fs::File::open(b).unwrap());
+    let (mut ba, mut bb) = (vec![0u8; 1 << 20], vec![0u8; 1 << 20]);
+    loop {
+        let na = fa.read(&mut ba).unwrap();
+        let mut nb = 0;
+        while nb < na {
+            let k = fb.read(&mut bb[nb..na]).unwrap();
+            if k == 0 {
+                return false;
+            }
+            nb += k;
+        }
+        if ba[..na] != bb[..na] {
+            return false;
+        }
+        if na == 0 {
+            return fb.read(&mut bb).unwrap() == 0;
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn sort_of_a_1_gib_file_with_a_2_gib_buffer() {
+    let dir = temp_dir("sort");
+    write_lines(&dir.join("in.txt"), 1 << 30);
+    let (plain, shim) = (
+        Command::new("sort")
+            .args(["-S", "2G", "in.txt", "-o", "plain.txt"])
+            .current_dir(&dir)
+            .output()
+            .unwrap(),
+        zerofault()
+            .args(["run", "--stats", "--", "sort", "-S", "2G", "in.txt", "-o", "shim.txt"])
+            .current_dir(&dir)
+            .output()
+            .unwrap(),
+    );
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    assert_same(&plain, &shim);
+    assert!(
+        same_file(&dir.join("plain.txt"), &dir.join("shim.txt")),
+        "sorted output differs"
+    );
+    assert!(
+        pages_served(&shim) > 100_000,
+        "{}",
+        String::from_utf8_lossy(&shim.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// stress-ng's lines name pids and durations: compare them with the digits masked.
+fn masked(s: &str) -> String {
+    s.chars().map(|c| if c.is_ascii_digit() { '#' } else { c }).collect()
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+#[cfg_attr(zerofault_no_stress_ng, ignore = "stress-ng is not installed (.ci/run installs it)")]
+fn stress_ng_vm_all_methods_verify() {
+    let dir = temp_dir("stress");
+    let args = [
+        "--vm",
+        "2",
+        "--vm-bytes",
+        "1G",
+        "--vm-method",
+        "all",
+        "--verify",
+        "-t",
+        "20s",
+    ];
+    let (plain, shim) = both("stress-ng", &args, &dir);
+    assert_eq!(
+        plain.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    assert_eq!(plain.status.code(), shim.status.code());
+    assert_eq!(
+        masked(&String::from_utf8_lossy(&plain.stdout)),
+        masked(&String::from_utf8_lossy(&shim.stdout))
+    );
+    assert_eq!(masked(&program_stderr(&plain)), masked(&program_stderr(&shim)));
+    assert!(program_stderr(&shim).contains("successful run completed"));
+    assert!(
+        pages_served(&shim) > 100_000,
+        "{}",
+        String::from_utf8_lossy(&shim.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Compiles one of the C programs of crates/zerofault-preload/tests/c.
+fn cc(name: &str, dir: &Path, link_api: bool) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../zerofault-preload/tests/c")
+        .join(format!("{name}.c"));
+    let out = dir.join(name);
+    let mut c = Command::new("cc");
+    c.args(["-O2", "-Wall", "-Werror", "-o"]).arg(&out).arg(&src);
+    if link_api {
+        let lib = lib_dir();
+        c.arg("-I")
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerofault-preload/include"))
+            .arg("-L")
+            .arg(&lib)
+            .arg("-lzerofault")
+            .arg(format!("-Wl,-rpath,{}", lib.display()));
+    }
+    let o = c.output().expect("cc");
+    assert!(o.status.success(), "cc {name}: {}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn fork_write_in_parent_and_child_then_exec() {
+    let dir = temp_dir("fork");
+    let prog = cc("forkexec", &dir, false);
+    let (plain, shim) = both(prog.to_str().unwrap(), &[], &dir);
+    assert_eq!(
+        plain.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let out = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        out.contains("exec'd: from the child") && out.contains("exec'd: from a vfork child"),
+        "{out}"
+    );
+    assert_same(&plain, &shim);
+    assert!(
+        pages_served(&shim) > 10_000,
+        "{}",
+        String::from_utf8_lossy(&shim.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn the_c_api_maps_engine_memory_and_reads_stats() {
+    let dir = temp_dir("capi");
+    let prog = cc("capi", &dir, true);
+    // cargo test sets LD_LIBRARY_PATH, which would win over the program's rpath.
+    let o = Command::new(&prog).env_remove("LD_LIBRARY_PATH").output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let (first, json) = out.split_once('\n').unwrap();
+    assert_eq!(first, "active=1 sum=2088960");
+    let stats: serde_json::Value = serde_json::from_str(json.trim()).expect("stats JSON");
+    assert_eq!(stats["pages_zero_mapped"], 16384, "the reads were served: {stats}");
+
+    let o = Command::new(&prog)
+        .env_remove("LD_LIBRARY_PATH")
+        .env("ZEROFAULT_DISABLE", "1")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.starts_with("active=0 sum=2088960\n"), "{out}");
+    assert!(out.contains("\"fault_events\":0"), "disabled: nothing served: {out}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A refused knob: one line naming it, and the program runs (without the engine) with its own
+/// output and status. The same from the environment, with the shim loaded directly.
+#[test]
+fn a_bad_knob_is_one_line_and_the_program_still_runs() {
+    let o = zerofault()
+        .args(["run", "--max_order=99", "--", "sh", "-c", "echo hi; exit 5"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(5));
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("ZEROFAULT_MAX_ORDER") && err.contains("0..=13"), "{err}");
+
+    let o = Command::new("sh")
+        .args(["-c", "echo hi; exit 6"])
+        .env("LD_PRELOAD", lib_dir().join("libzerofault.so"))
+        .env("ZEROFAULT_POOL_MAX", "lots")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        (o.status.code(), String::from_utf8_lossy(&o.stdout).as_ref()),
+        (Some(6), "hi\n")
+    );
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("ZEROFAULT_POOL_MAX"), "{err}");
+}
+
+#[test]
+fn run_passes_the_exit_status_and_reports_a_missing_program() {
+    let o = zerofault().args(["run", "--", "sh", "-c", "exit 42"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(42));
+    assert!(o.stderr.is_empty(), "nothing printed unless asked");
+    let o = zerofault()
+        .args(["run", "--", "/nonexistent/program"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(127));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.lines().count() == 1 && err.contains("/nonexistent/program"),
+        "{err}"
+    );
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn disabled_the_shim_passes_everything_through() {
+    let o = zerofault()
+        .args([
+            "run",
+            "--stats",
+            "--disable=1",
+            "--",
+            "python3",
+            "-c",
+            "b = bytearray(64 << 20); print(b.count(0))",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "67108864\n");
+    assert!(
+        o.stderr.is_empty(),
+        "disabled: no report: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
