@@ -245,6 +245,10 @@ extern "C" fn init() {
             ));
         }
         ARENA_LEN.store(0, Release);
+        if a != libc::MAP_FAILED {
+            // SAFETY: our own reservation, unused (no block was handed out).
+            unsafe { libc::syscall(libc::SYS_munmap, a, len + PMD_SIZE) };
+        }
         STATE.store(OFF, Release);
         return;
     }
