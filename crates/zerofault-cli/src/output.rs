@@ -1,7 +1,7 @@
 //! The forms `zerofault bench` prints its rows in: pft's table, JSON and CSV. Each starts with
 //! the machine: kernel, CPU, cores, page size, THP and mTHP settings.
 
-use crate::bench::{native_at, BenchArgs, Row};
+use crate::bench::{native_at, BenchArgs, Point, Row};
 use crate::machine::Machine;
 use serde_json::{json, Value};
 use zerofault::Snapshot;
@@ -19,8 +19,32 @@ pub fn ratio(rows: &[Row], r: &Row) -> Option<f64> {
     native_at(rows, r.at).map(|n| r.fault_per_wsec / n.fault_per_wsec)
 }
 
+/// The ratio table: the modes other than native, and per point one `1.23x` cell each (`-`
+/// where a mode or the native row is missing). Points in the order of the rows.
+pub fn ratio_grid(rows: &[Row]) -> (Vec<String>, Vec<(Point, Vec<String>)>) {
+    let others: Vec<String> = modes(rows).into_iter().filter(|m| m != "native").collect();
+    let mut points: Vec<Point> = rows.iter().map(|r| r.at).collect();
+    points.dedup();
+    let grid = points
+        .into_iter()
+        .map(|at| {
+            let cells = others
+                .iter()
+                .map(|m| {
+                    rows.iter()
+                        .find(|r| r.at == at && &r.mode.name() == m)
+                        .and_then(|r| ratio(rows, r))
+                        .map_or("-".into(), |x| format!("{x:.2}x"))
+                })
+                .collect();
+            (at, cells)
+        })
+        .collect();
+    (others, grid)
+}
+
 /// Modes in the order of their first row.
-fn modes(rows: &[Row]) -> Vec<String> {
+pub fn modes(rows: &[Row]) -> Vec<String> {
     let mut m: Vec<String> = vec![];
     for r in rows {
         let n = r.mode.name();
@@ -86,7 +110,7 @@ pub fn table(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
             );
         }
     }
-    let others: Vec<String> = modes(rows).into_iter().filter(|m| m != "native").collect();
+    let (others, grid) = ratio_grid(rows);
     if rows.iter().any(|r| r.mode.is_native()) && !others.is_empty() {
         s += "\nfault/wsec relative to native (native = 1.00x):\n";
         s += &format!("{:>7} {:>5}", "Threads", "CLine");
@@ -94,16 +118,9 @@ pub fn table(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
             s += &format!(" {:>w$}", m, w = m.len().max(7));
         }
         s += "\n";
-        let mut points: Vec<_> = rows.iter().map(|r| r.at).collect();
-        points.dedup();
-        for at in points {
+        for (at, cells) in grid {
             s += &format!("{:>7} {:>5}", at.threads, at.cachelines);
-            for m in &others {
-                let cell = rows
-                    .iter()
-                    .find(|r| r.at == at && &r.mode.name() == m)
-                    .and_then(|r| ratio(rows, r))
-                    .map_or("-".into(), |x| format!("{x:.2}x"));
+            for (m, cell) in others.iter().zip(cells) {
                 s += &format!(" {:>w$}", cell, w = m.len().max(7));
             }
             s += "\n";

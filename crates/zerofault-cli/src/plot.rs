@@ -109,12 +109,7 @@ pub fn layout(rows: &[Row]) -> Layout {
             lines[0],
         )]
     };
-    let mut modes: Vec<String> = vec![];
-    for r in rows {
-        if !modes.contains(&r.mode.name()) {
-            modes.push(r.mode.name());
-        }
-    }
+    let modes = crate::output::modes(rows);
     Layout {
         x_name: if by_lines {
             "cache lines written per page"

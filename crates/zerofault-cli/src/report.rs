@@ -7,7 +7,7 @@
 use crate::args::{int_in, positive_f64, Spec};
 use crate::bench::{self, Base, BenchArgs, Format, Mode, Pattern, Row};
 use crate::machine::Machine;
-use crate::output::{gb_text, ratio};
+use crate::output::{gb_text, modes, ratio, ratio_grid};
 use crate::progress::Progress;
 use serde_json::json;
 use std::path::PathBuf;
@@ -143,19 +143,9 @@ fn today() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
-fn modes_of(rows: &[Row]) -> Vec<String> {
-    let mut m: Vec<String> = vec![];
-    for r in rows {
-        if !m.contains(&r.mode.name()) {
-            m.push(r.mode.name());
-        }
-    }
-    m
-}
-
 /// fault/wsec over native: one row per point, one column per mode.
 pub fn ratio_markdown(rows: &[Row]) -> String {
-    let others: Vec<String> = modes_of(rows).into_iter().filter(|m| m != "native").collect();
+    let (others, grid) = ratio_grid(rows);
     let mut s = String::from("| threads | cache lines |");
     for m in &others {
         s += &format!(" `{m}` |");
@@ -163,16 +153,9 @@ pub fn ratio_markdown(rows: &[Row]) -> String {
     s += "\n|---:|---:|";
     s += &"---:|".repeat(others.len());
     s += "\n";
-    let mut points: Vec<_> = rows.iter().map(|r| r.at).collect();
-    points.dedup();
-    for at in points {
+    for (at, cells) in grid {
         s += &format!("| {} | {} |", at.threads, at.cachelines);
-        for m in &others {
-            let cell = rows
-                .iter()
-                .find(|r| r.at == at && &r.mode.name() == m)
-                .and_then(|r| ratio(rows, r))
-                .map_or("-".into(), |x| format!("{x:.2}x"));
+        for cell in cells {
             s += &format!(" {cell} |");
         }
         s += "\n";
@@ -243,7 +226,7 @@ pub fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], took: f
     if let Some((_, seq)) = done.iter().find(|(suite, _)| suite.id == "seq") {
         s += "**Headline** (sequential first touch, 1 cache line per page, fault/wsec over native):\n\n";
         s += "| threads |";
-        let modes: Vec<String> = modes_of(seq).into_iter().filter(|m| m != "native").collect();
+        let modes: Vec<String> = modes(seq).into_iter().filter(|m| m != "native").collect();
         for mode in &modes {
             s += &format!(" `{mode}` |");
         }
