@@ -52,11 +52,15 @@ fn bench(rest: &[String]) -> Result<(), String> {
     }
     if let Some(path) = &a.plot {
         let title = format!(
-            "zerofault bench: {} GiB, {}, touch {}, median of {} reps",
+            "zerofault bench: {} GiB, {}, touch {}, {}",
             output::gb_text(a.gb),
             a.pattern.name(),
             a.touch,
-            a.reps
+            if a.reps == 1 {
+                "1 rep".to_string()
+            } else {
+                format!("median of {} reps", a.reps)
+            }
         );
         plot::write(path, &title, &rows)?;
         eprintln!("zerofault bench: plot written to {}", path.display());

@@ -171,6 +171,25 @@ pub fn write(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
     }
 }
 
+/// One mode's line with a dot at each point.
+fn line<DB: DrawingBackend, X: Ranged<ValueType = f64>, Y: Ranged<ValueType = f64>>(
+    chart: &mut ChartContext<'_, DB, Cartesian2d<X, Y>>,
+    pts: Vec<(f64, f64)>,
+    c: RGBColor,
+) -> Result<(), String>
+where
+    DB::ErrorType: 'static,
+{
+    let e = |e: DrawingAreaErrorKind<DB::ErrorType>| e.to_string();
+    chart
+        .draw_series(LineSeries::new(pts.iter().copied(), c.stroke_width(2)))
+        .map_err(e)?;
+    chart
+        .draw_series(pts.iter().map(|p| Circle::new(*p, 4, c.filled())))
+        .map_err(e)?;
+    Ok(())
+}
+
 fn draw<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, title: &str, l: &Layout, rows: &[Row]) -> Result<(), String>
 where
     DB::ErrorType: 'static,
@@ -265,12 +284,7 @@ where
                 .iter()
                 .map(|(x, r)| (to_u(*x), r.fault_per_wsec))
                 .collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color(mode).stroke_width(2)))
-                .map_err(e)?;
-            chart
-                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color(mode).filled())))
-                .map_err(e)?;
+            line(&mut chart, pts, color(mode))?;
         }
         if !l.ratios {
             continue;
@@ -309,12 +323,7 @@ where
                 .iter()
                 .filter_map(|(x, r)| ratio_of(r).map(|q| (to_u(*x), q)))
                 .collect();
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color(mode).stroke_width(2)))
-                .map_err(e)?;
-            chart
-                .draw_series(pts.iter().map(|p| Circle::new(*p, 4, color(mode).filled())))
-                .map_err(e)?;
+            line(&mut chart, pts, color(mode))?;
         }
     }
     root.present().map_err(e)?;
