@@ -216,7 +216,9 @@ fn cc(name: &str, dir: &Path, link_api: bool) -> PathBuf {
         .join(format!("{name}.c"));
     let out = dir.join(name);
     let mut c = Command::new("cc");
-    c.args(["-O2", "-Wall", "-Werror", "-o"]).arg(&out).arg(&src);
+    c.args(["-O2", "-Wall", "-Werror", "-pthread", "-o"])
+        .arg(&out)
+        .arg(&src);
     if link_api {
         let lib = lib_dir();
         c.arg("-I")
@@ -251,6 +253,27 @@ fn fork_write_in_parent_and_child_then_exec() {
     assert_same(&plain, &shim);
     assert!(
         pages_served(&shim) > 10_000,
+        "{}",
+        String::from_utf8_lossy(&shim.stderr)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn threads_and_signals_behave_as_without_the_shim() {
+    let dir = temp_dir("threads");
+    let prog = cc("threads", &dir, false);
+    let (plain, shim) = both(prog.to_str().unwrap(), &[], &dir);
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
+    let out = String::from_utf8_lossy(&plain.stdout);
+    assert!(
+        out.ends_with("signals arrived: yes\n") && out.lines().count() == 5,
+        "{out}"
+    );
+    assert_same(&plain, &shim);
+    assert!(
+        pages_served(&shim) > 100_000,
         "{}",
         String::from_utf8_lossy(&shim.stderr)
     );
