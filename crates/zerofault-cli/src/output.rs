@@ -45,14 +45,18 @@ pub fn ratio_grid(rows: &[Row]) -> (Vec<String>, Vec<(Point, Vec<String>)>) {
 
 /// Modes in the order of their first row.
 pub fn modes(rows: &[Row]) -> Vec<String> {
-    let mut m: Vec<String> = vec![];
-    for r in rows {
-        let n = r.mode.name();
-        if !m.contains(&n) {
-            m.push(n);
+    distinct(rows.iter().map(|r| r.mode.name()))
+}
+
+/// The values in the order they first appear, each once.
+pub fn distinct<T: PartialEq>(v: impl Iterator<Item = T>) -> Vec<T> {
+    let mut out: Vec<T> = vec![];
+    for x in v {
+        if !out.contains(&x) {
+            out.push(x);
         }
     }
-    m
+    out
 }
 
 /// What the run was: size, pattern, touch, reps.
@@ -258,11 +262,8 @@ pub fn csv(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
         .map(|(n, _)| format!("engine_{n}"))
         .chain(["engine_window_order".to_string()])
         .collect();
-    let empty = Row {
-        mode: crate::bench::Mode::plain(crate::bench::Base::Native),
-        ..rows[0].clone()
-    };
-    let mut head: Vec<String> = fields(a, rows, &empty).iter().map(|(k, _)| k.to_string()).collect();
+    // The names do not depend on the row.
+    let mut head: Vec<String> = fields(a, rows, &rows[0]).iter().map(|(k, _)| k.to_string()).collect();
     head.extend(stat_names);
     s += &head.join(",");
     s += "\n";

@@ -5,6 +5,7 @@
 //! and there is one column of panels per thread count.
 
 use crate::bench::{native_at, Row};
+use crate::output::distinct;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
@@ -78,16 +79,6 @@ pub struct Layout {
     pub modes: Vec<String>,
     /// Whether a ratio row is drawn (a native row exists).
     pub ratios: bool,
-}
-
-fn distinct(v: impl Iterator<Item = usize>) -> Vec<usize> {
-    let mut out: Vec<usize> = vec![];
-    for x in v {
-        if !out.contains(&x) {
-            out.push(x);
-        }
-    }
-    out
 }
 
 pub fn layout(rows: &[Row]) -> Layout {

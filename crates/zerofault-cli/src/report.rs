@@ -7,7 +7,7 @@
 use crate::args::{int_in, positive_f64, Spec};
 use crate::bench::{self, Base, BenchArgs, Format, Mode, Pattern, Row};
 use crate::machine::Machine;
-use crate::output::{gb_text, modes, ratio, ratio_grid};
+use crate::output::{distinct, gb_text, modes, ratio, ratio_grid};
 use crate::progress::Progress;
 use serde_json::json;
 use std::path::PathBuf;
@@ -233,15 +233,10 @@ pub fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], took: f
         s += "\n|---:|";
         s += &"---:|".repeat(modes.len());
         s += "\n";
-        for t in &seq.iter().map(|r| r.at.threads).fold(vec![], |mut v, t| {
-            if !v.contains(&t) {
-                v.push(t);
-            }
-            v
-        }) {
+        for t in distinct(seq.iter().map(|r| r.at.threads)) {
             s += &format!("| {t} |");
             for mode in &modes {
-                s += &format!(" {} |", headline(seq, mode, *t));
+                s += &format!(" {} |", headline(seq, mode, t));
             }
             s += "\n";
         }
