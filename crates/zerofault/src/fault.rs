@@ -8,9 +8,12 @@
 //! 3. Ask the thread's [`Predictor`] for the window; feed the outcome to the range's
 //!    [`crate::predict::MissRun`]; on a run of misses hand that span back to the kernel.
 //! 4. Claim the window in the page map; the newly claimed runs are the pages to install.
-//! 5. Writes: UFFDIO_MOVE from the pool, one ioctl per contiguous run of pool pages; whatever the
-//!    pool cannot give is copied from the zero source (UFFDIO_COPY). Reads: UFFDIO_ZEROPAGE, no
-//!    pool page spent (the seed maps the zero page on read faults too).
+//! 5. Writes: whole PMDs whose table bit is clear ([`crate::region::Range::tables`]) get huge
+//!    pages, moved whole from the pool's huge ring, or prepared here when it is empty; the rest
+//!    UFFDIO_MOVE from the small ring, one ioctl per contiguous run of pool pages, and whatever
+//!    the pool cannot give is copied from the zero source (UFFDIO_COPY). Pieces and runs go in
+//!    last to first, so the thread is woken once its window is complete. Reads:
+//!    UFFDIO_ZEROPAGE, no pool page spent (the seed maps the zero page on read faults too).
 //! 6. Wake the faulting page if no successful ioctl covered it.
 //!
 //! Partial progress (sys/uffd.rs): EEXIST skips one present destination page; ENOENT on a move
@@ -24,10 +27,11 @@
 //! The kernel then wakes every blocked fault and serves all later ones natively.
 
 use crate::options::Options;
-use crate::predict::{handback_span, Outcome, Predictor, Tuning};
+use crate::pool::Ring;
+use crate::predict::{handback_span, Outcome, Predictor, Tuning, PMD_PAGES};
 use crate::region::Range;
 use crate::stats::Stats;
-use crate::sys::mman::PAGE_SIZE;
+use crate::sys::mman::{self, Mapping, Thp, PAGE_SIZE, PMD_SIZE};
 use crate::sys::thread::{self, ThreadClock};
 use crate::sys::uffd::{Msg, Progress, RawMsg, Uffd};
 use crate::zero::ZeroSource;
@@ -115,6 +119,13 @@ struct Handler<'a> {
     tuning: Tuning,
     zero: &'a ZeroSource,
     can_move: bool,
+    /// One 2 MiB `MADV_HUGEPAGE` area where this thread prepares a huge page when the huge ring
+    /// is empty. `Some` exactly when whole PMDs get huge pages.
+    stage: Option<Mapping>,
+    /// EEXIST skips so far (tells a clean move from one that found pages present).
+    partials: u64,
+    /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
+    pieces: Vec<(usize, usize, bool)>,
     predictors: HashMap<(u64, u32), Predictor>,
     runs: Vec<(u64, u64)>,
     /// Messages read while draining for events, handled next.
@@ -127,6 +138,12 @@ struct Handler<'a> {
 impl<'a> Handler<'a> {
     fn new(shared: &'a Shared, uffd: &'a Uffd) -> Handler<'a> {
         let opts = &shared.opts;
+        let can_move = opts.pool && shared.pool.is_some() && uffd.features().has(crate::sys::uffd::Features::MOVE);
+        let huge = can_move && shared.pool.as_ref().is_some_and(|p| p.huge.is_some());
+        let stage = huge.then(|| Mapping::new(PMD_SIZE, Thp::Always).ok()).flatten();
+        if let Some(m) = &stage {
+            let _ = mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK);
+        }
         Handler {
             shared,
             uffd,
@@ -137,7 +154,10 @@ impl<'a> Handler<'a> {
                 max_order: opts.max_order,
             },
             zero: &shared.zero,
-            can_move: opts.pool && shared.pool.is_some() && uffd.features().has(crate::sys::uffd::Features::MOVE),
+            can_move,
+            stage,
+            partials: 0,
+            pieces: Vec::new(),
             predictors: HashMap::new(),
             runs: Vec::new(),
             queue: VecDeque::new(),
@@ -195,6 +215,8 @@ impl<'a> Handler<'a> {
             self.install_one(page_addr, write);
             return;
         };
+        // The kernel gave the faulting PMD a page table before it queued the message.
+        range.mark_tables(page_addr, PAGE_SIZE);
         let page = range.page_of(page_addr);
         if range.map.is_claimed(page) {
             Stats::add(&stats.already_present, 1);
@@ -202,14 +224,20 @@ impl<'a> Handler<'a> {
             return;
         }
 
+        // With huge pages, big windows end on PMD boundaries (in the address space).
+        let phase = self
+            .stage
+            .is_some()
+            .then_some((range.start / PAGE_SIZE) as u64 % PMD_PAGES);
         if self.predictors.len() >= MAX_PREDICTORS {
             self.predictors.clear();
         }
-        let w = self
-            .predictors
-            .entry((range.id, tid))
-            .or_default()
-            .on_fault(page, range.pages, &self.tuning);
+        let w = self.predictors.entry((range.id, tid)).or_default().on_fault_aligned(
+            page,
+            range.pages,
+            phase,
+            &self.tuning,
+        );
         Stats::add(
             match w.outcome {
                 Outcome::Start => &stats.predict_starts,
@@ -237,12 +265,14 @@ impl<'a> Handler<'a> {
         runs.clear();
         range.map.claim(w.first, w.pages, &mut runs);
         let mut woken = false;
-        for &(first, n) in &runs {
+        // Last run first, for the reason install_write gives.
+        for &(first, n) in runs.iter().rev() {
             let dst = range.addr_of(first);
             let len = n as usize * PAGE_SIZE;
             let done = if write {
-                self.install_write(dst, len)
+                self.install_write(dst, len, Some(&range))
             } else {
+                range.mark_tables(dst, len);
                 self.install_read(dst, len)
             };
             let installed_to = match done {
@@ -296,7 +326,7 @@ impl<'a> Handler<'a> {
     /// Serves one page outside the window logic (already-claimed or unknown pages) and wakes it.
     fn install_one(&mut self, page_addr: usize, write: bool) {
         let p = if write {
-            self.install_write(page_addr, PAGE_SIZE)
+            self.install_write(page_addr, PAGE_SIZE, None)
         } else {
             self.install_read(page_addr, PAGE_SIZE)
         };
@@ -342,6 +372,7 @@ impl<'a> Handler<'a> {
                 None => {}
                 Some(libc::EEXIST) => {
                     Stats::add(&self.stats().partial_installs, 1);
+                    self.partials += 1;
                     off += PAGE_SIZE;
                 }
                 Some(libc::EAGAIN) if p.done > 0 => {}
@@ -359,21 +390,162 @@ impl<'a> Handler<'a> {
         Done::All
     }
 
-    /// Installs zero pages for a write: moved from the pool where it has pages, else copied.
-    fn install_write(&mut self, dst: usize, len: usize) -> Done {
+    /// Installs zero pages for a write. The whole PMDs of the span whose table bit is clear get
+    /// huge pages ([`Self::install_huge`]); everything else gets 4 KiB pages
+    /// ([`Self::install_small`]), and its PMDs are marked as holding a page table.
+    ///
+    /// The pieces go in from the last to the first. The faulting page is in the first one, and
+    /// an install wakes the thread waiting there: woken early, it would run on into the pieces
+    /// not yet installed and fault there, and its fault gives that PMD a page table, which
+    /// splits the huge page moved into it next (~1 ms). If a piece stops, the whole span is
+    /// reported stopped at its start: pages already installed only leave stale bits behind,
+    /// which cost an EEXIST later, never a hang.
+    fn install_write(&mut self, dst: usize, len: usize, range: Option<&Range>) -> Done {
+        let mut pieces = std::mem::take(&mut self.pieces);
+        pieces.clear();
+        let mut off = 0;
+        while off < len {
+            let at = dst + off;
+            let rest = len - off;
+            let (n, huge) = match range.filter(|_| self.stage.is_some()) {
+                Some(r) => match clear_pmds(r, at, rest) {
+                    // 4 KiB pages up to the next PMD boundary, where huge pages may start.
+                    0 => (((at / PMD_SIZE + 1) * PMD_SIZE - at).min(rest), false),
+                    k => (k * PMD_SIZE, true),
+                },
+                None => (rest, false),
+            };
+            pieces.push((at, n, huge));
+            off += n;
+        }
+        let mut done = Done::All;
+        for &(at, n, huge) in pieces.iter().rev() {
+            let d = match (range, huge) {
+                (Some(r), true) => self.install_huge(at, n, r),
+                (r, _) => {
+                    if let Some(r) = r {
+                        r.mark_tables(at, n);
+                    }
+                    self.install_small(at, n)
+                }
+            };
+            if d != Done::All {
+                done = Done::Stopped(0);
+                break;
+            }
+        }
+        self.pieces = pieces;
+        done
+    }
+
+    /// 4 KiB pages: moved from the small ring while it has pages, else copied.
+    fn install_small(&mut self, dst: usize, len: usize) -> Done {
         if !self.can_move {
             return self.copy(dst, len, CopyWhy::NoMove);
         }
         let pool = self.shared.pool.as_ref().expect("can_move implies a pool");
+        let (end, _) = self.move_from(&pool.small, dst, len);
+        let (off, why) = match end {
+            MoveEnd::All => return Done::All,
+            MoveEnd::Empty(o) => {
+                Stats::add(&self.stats().pool_empty, 1);
+                (o, CopyWhy::PoolEmpty)
+            }
+            MoveEnd::Refused(o) => (o, CopyWhy::MoveRefused),
+        };
+        match self.copy(dst + off, len - off, why) {
+            Done::All => Done::All,
+            Done::Stopped(o) => Done::Stopped(off + o),
+        }
+    }
+
+    /// Whole PMDs `[dst, dst + len)` whose table bits are clear: huge pages moved from the huge
+    /// ring, or made by this thread when the ring is empty. Anything irregular (a page already
+    /// there, a refused move, no huge page to be had) marks the PMDs and ends in 4 KiB pages.
+    fn install_huge(&mut self, dst: usize, len: usize, range: &Range) -> Done {
+        let pool = self.shared.pool.as_ref().expect("huge pages imply a pool");
+        let ring = pool.huge.as_ref().expect("huge pages imply a huge ring");
+        let (end, clean) = self.move_from(ring, dst, len);
+        let mut off = match end {
+            MoveEnd::All if clean => {
+                Stats::add(&self.stats().huge_moves, (len / PMD_SIZE) as u64);
+                return Done::All;
+            }
+            MoveEnd::Empty(o) if clean => o,
+            MoveEnd::All => return self.huge_fallback(dst, len, len, range),
+            MoveEnd::Empty(o) | MoveEnd::Refused(o) => return self.huge_fallback(dst, len, o, range),
+        };
+        Stats::add(&self.stats().huge_moves, (off / PMD_SIZE) as u64);
+        // The ring ran dry: prepare each remaining huge page here, as the kernel's own THP
+        // fault would, while the scrub refills the ring on the other CPU.
+        while off < len {
+            let p = self.make_huge(dst + off);
+            if p.errno.is_some() || p.done < PMD_SIZE {
+                return self.huge_fallback(dst, len, off + p.done, range);
+            }
+            off += PMD_SIZE;
+        }
+        Done::All
+    }
+
+    /// Populates the staging PMD (one transparent huge page, zeroed by the kernel) and moves it
+    /// to `dst`. Returns the move's progress; an error before the move reports `done` 0.
+    fn make_huge(&mut self, dst: usize) -> Progress {
+        let Some(stage) = self.stage.as_ref() else {
+            return Progress {
+                done: 0,
+                errno: Some(libc::ENOSYS),
+            };
+        };
+        let addr = stage.as_ptr() as usize;
+        if let Err(e) = stage.populate() {
+            return Progress {
+                done: 0,
+                errno: Some(e.raw_os_error().unwrap_or(libc::ENOMEM)),
+            };
+        }
+        let mut p = self.uffd.move_pages(dst, addr, PMD_SIZE);
+        // EAGAIN without progress: an event is pending (mmap_changing); apply it and retry.
+        let mut retries = 0;
+        while p.done == 0 && p.errno == Some(libc::EAGAIN) && retries < EVENT_RETRIES {
+            retries += 1;
+            self.drain_events();
+            p = self.uffd.move_pages(dst, addr, PMD_SIZE);
+        }
+        Stats::add(&self.stats().pages_moved, (p.done / PAGE_SIZE) as u64);
+        if p.errno.is_none() && p.done == PMD_SIZE {
+            Stats::add(&self.stats().huge_made, 1);
+        } else {
+            // Whatever stayed behind goes, so the next populate starts from an empty PMD.
+            let _ = mman::madvise(addr, PMD_SIZE, mman::MADV_DONTNEED);
+        }
+        p
+    }
+
+    /// A whole-PMD install went irregular at byte `off` of `[dst, dst + len)`: mark its PMDs
+    /// and install the rest with 4 KiB pages.
+    fn huge_fallback(&mut self, dst: usize, len: usize, off: usize, range: &Range) -> Done {
+        Stats::add(&self.stats().huge_fallbacks, 1);
+        range.mark_tables(dst, len);
+        if off >= len {
+            return Done::All;
+        }
+        match self.install_small(dst + off, len - off) {
+            Done::All => Done::All,
+            Done::Stopped(o) => Done::Stopped(off + o),
+        }
+    }
+
+    /// Moves ready pages of `ring` into `[dst, dst + len)`, one ioctl per contiguous run, until
+    /// done or the ring is empty. Also returns whether it went cleanly: no page found present,
+    /// no source hole (a huge page moves whole only then).
+    fn move_from(&mut self, ring: &Ring, dst: usize, len: usize) -> (MoveEnd, bool) {
         let mut off = 0;
+        let mut clean = true;
         while off < len {
             let want = ((len - off) / PAGE_SIZE) as u64;
-            let Some(run) = pool.take(want) else {
-                Stats::add(&self.stats().pool_empty, 1);
-                return match self.copy(dst + off, len - off, CopyWhy::PoolEmpty) {
-                    Done::All => Done::All,
-                    Done::Stopped(o) => Done::Stopped(off + o),
-                };
+            let Some(run) = ring.take(want) else {
+                return (MoveEnd::Empty(off), clean);
             };
             // Pages of the run consumed so far (moved out, or found to be holes).
             let used = std::cell::Cell::new(0usize);
@@ -381,6 +553,7 @@ impl<'a> Handler<'a> {
             let seg_start = off;
             let seg_len = (len - off).min(run_len);
             let mut moved = 0u64;
+            let partial_before = self.partials;
             let done = self.install_loop(
                 seg_len,
                 |h, o, rest| {
@@ -401,36 +574,34 @@ impl<'a> Handler<'a> {
                 },
                 |_, _| {
                     // A source hole, or a destination gone? mincore on the source page tells.
-                    if used.get() < run_len && !pool.is_populated(run.addr + used.get()) {
+                    if used.get() < run_len && !ring.is_populated(run.addr + used.get()) {
                         used.set(used.get() + PAGE_SIZE);
+                        clean = false;
                         true
                     } else {
                         false
                     }
                 },
             );
+            clean &= self.partials == partial_before;
             Stats::add(&self.stats().pages_moved, moved);
             let stopped_at = match done {
                 Done::All => seg_len,
                 Done::Stopped(o) => o,
             };
             let used = used.get();
-            pool.untake(run, ((run_len - used) / PAGE_SIZE) as u64);
+            ring.untake(run, ((run_len - used) / PAGE_SIZE) as u64);
             off = seg_start + stopped_at;
             if let Done::Stopped(_) = done {
                 if used == run_len && stopped_at < seg_len {
                     // The run ran out of source pages (holes): take more.
                     continue;
                 }
-                // The move was refused (EBUSY after fork, EINVAL on incompatible VMAs):
-                // copy the rest; if the destination is gone, the copy stops too.
-                return match self.copy(dst + off, len - off, CopyWhy::MoveRefused) {
-                    Done::All => Done::All,
-                    Done::Stopped(o) => Done::Stopped(off + o),
-                };
+                // The move was refused, or the destination is gone (then a copy stops too).
+                return (MoveEnd::Refused(off), false);
             }
         }
-        Done::All
+        (MoveEnd::All, clean)
     }
 
     /// UFFDIO_COPY from the zero source, in chunks of its size.
@@ -474,6 +645,28 @@ impl<'a> Handler<'a> {
         Stats::add(&self.stats().pages_zero_mapped, mapped);
         done
     }
+}
+
+/// How [`Handler::move_from`] ended, with the byte offset reached.
+#[derive(Clone, Copy, Debug)]
+enum MoveEnd {
+    All,
+    /// The ring had no more pages.
+    Empty(usize),
+    /// A move failed other than on a present page or a hole: refused (EBUSY after fork,
+    /// EINVAL), or the destination is gone (then the caller's copy stops too).
+    Refused(usize),
+}
+
+/// Whole PMDs from `at` that may take huge pages: `at` on a PMD boundary, each PMD inside
+/// `len` bytes and its table bit clear.
+fn clear_pmds(r: &Range, at: usize, len: usize) -> usize {
+    if at % PMD_SIZE != 0 {
+        return 0;
+    }
+    (0..len / PMD_SIZE)
+        .take_while(|i| r.pmd_is_clear(at + i * PMD_SIZE))
+        .count()
 }
 
 #[derive(Clone, Copy)]

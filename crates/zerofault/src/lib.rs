@@ -11,34 +11,46 @@
 //!
 //! Why it pays (shared/notes/uffd-facts.md, this machine kind): a native 4 KiB first touch
 //! costs ~1,700 ns per page. One userfaultfd round trip costs ~15 µs, but it can install a whole
-//! window: at 512 pages the faulting thread spends ~100 ns per page, at 2048 ~84.
+//! window: at 512 pages the faulting thread spends ~100 ns per page, at 2048 ~84, and less
+//! again when three of the window's four PMDs are moved as huge pages (`zerofault bench` on
+//! 1 GiB: ~20-50 ns per page with a warm pool).
 //!
 //! ## The life of a fault
 //! 1. A thread writes to a page of a [`Region`] that has no page yet. The kernel blocks it and
 //!    queues a message on the userfaultfd: address, read or write, thread id.
 //! 2. The handler thread ([`fault`]) reads it, finds the range ([`region`]) and asks that
 //!    thread's predictor ([`predict`]) for a window: 16 pages for a first fault, four times
-//!    more each time the fault lands where the last window ended, up to 2048; one page for a
-//!    fault nobody predicted.
+//!    more each time the fault lands where the last window ended, up to 2048 (stretched to end
+//!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
+//!    for a fault nobody predicted.
 //! 3. It claims the window in the range's page-state map ([`pagemap`]): one atomic `fetch_or`
 //!    per 64 pages. The bits it set are the pages it installs; bits already set belong to
 //!    someone else. So two handlers never install the same page, and no lock is taken.
-//! 4. For a write it takes contiguous runs of ready pages from the pool ([`pool`]) and moves
-//!    each run with one `UFFDIO_MOVE`; that ioctl also wakes the blocked thread. A read maps
-//!    the shared zero page (`UFFDIO_ZEROPAGE`), spending no pool page, as the seed did.
-//! 5. If the pool is empty the window is copied from a zero source (`UFFDIO_COPY`), and the
-//!    scrub thread is kicked. The faulting thread never waits for the scrubber.
+//! 4. For a write it takes ready pages from the pool ([`pool`]) and moves them with
+//!    `UFFDIO_MOVE`. Every whole 2 MiB-aligned PMD of the window gets a transparent huge page
+//!    from the pool's huge ring, moved with one PMD update (~2 µs for 512 pages); the rest, and
+//!    always the PMD the fault landed in (the kernel gave it a page table before it asked us),
+//!    get 4 KiB pages from the small ring, one ioctl per contiguous run. The pieces go in last
+//!    to first, so the thread wakes only when its whole window is there. A read maps the shared
+//!    zero page (`UFFDIO_ZEROPAGE`), spending no pool page, as the seed did.
+//! 5. If the huge ring is empty the handler prepares the huge page itself (one populate of a
+//!    2 MiB staging area, then the move: what the kernel's own THP fault would do, while the
+//!    scrub refills on the other CPU); if the small ring is empty the pages are copied from a
+//!    zero source (`UFFDIO_COPY`), and the scrub thread is kicked. The faulting thread never
+//!    waits for the scrubber.
 //! 6. When a thread's faults in a region keep missing the predictions (random access), the
 //!    span they fell in is unregistered: the kernel serves it natively from then on, because a
 //!    round trip per sparse page would cost ten native faults.
 //!
 //! ## The life of a page
-//! 1. Reserved: the pool is one anonymous area (`MADV_NOHUGEPAGE`, `MADV_DONTFORK`) used as a
-//!    ring; at first no page exists.
-//! 2. Zeroed: the scrub thread ([`scrub`]), at `SCHED_IDLE`, populates 2 MiB runs with
-//!    `MADV_POPULATE_WRITE` whenever the pool is below `scrub_start`, until `scrub_stop`. The
-//!    kernel zero-fills them there, off every critical path (seed 003: zero cold pages, in bulk,
-//!    on an idle CPU).
+//! 1. Reserved: the pool is two anonymous areas used as rings (`MADV_DONTFORK`): a small one
+//!    of 4 KiB pages (`MADV_NOHUGEPAGE`, a quarter of `pool_max`) and a huge one of 2 MiB
+//!    transparent huge pages (`MADV_HUGEPAGE`, the rest; `pool_thp=off` or THP `never` leaves
+//!    only the small one); at first no page exists.
+//! 2. Zeroed: the scrub thread ([`scrub`]), at `SCHED_IDLE`, populates 2 MiB at a time with
+//!    `MADV_POPULATE_WRITE`, into whichever ring is emptier, whenever the pool is below
+//!    `scrub_start`, until `scrub_stop`. The kernel zero-fills them there, off every critical
+//!    path (seed 003: zero cold pages, in bulk, on an idle CPU).
 //! 3. Served: a fault's window moves it from the pool into the program's region. It is now an
 //!    ordinary anonymous page of the program: swapped, migrated, freed like any other.
 //! 4. Forgotten: when the program drops it (`madvise(MADV_DONTNEED)`, `munmap`, `mremap`), the
@@ -225,7 +237,8 @@ impl Engine {
         let uffd = Uffd::open().map_err(EngineError::Uffd)?;
         let features = uffd.features();
         let pool = if opts.pool && features.has(Features::MOVE) {
-            Some(Pool::new(opts.pool_max).map_err(EngineError::Map)?)
+            let huge = opts.pool_thp && mman::thp_available();
+            Some(Pool::new(opts.pool_max, huge).map_err(EngineError::Map)?)
         } else {
             None
         };
@@ -274,7 +287,9 @@ impl Engine {
     }
 
     /// Maps `len` bytes (rounded up to pages) of anonymous private memory, 2 MiB aligned,
-    /// `MADV_NOHUGEPAGE` (the pool moves 4 KiB pages), registered with the engine.
+    /// registered with the engine. `MADV_NOHUGEPAGE`: the kernel does not try a huge page of
+    /// its own on each fault there (~78 µs, wasted on a registered range); the engine still
+    /// moves huge pages into its whole PMDs.
     ///
     /// With the engine failed open, returns plain memory that the kernel serves.
     pub fn map(&self, len: usize) -> Result<Region, EngineError> {

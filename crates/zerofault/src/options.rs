@@ -234,6 +234,11 @@ options! {
     pool: Bool = "on",
     /// Hard cap on the pool: address space reserved for pre-zeroed pages.
     pool_max: Size = "256M",
+    /// Serve the whole 2 MiB-aligned parts of write windows with transparent huge pages: the
+    /// scrub prepares most of the pool as 2 MiB huge pages and the handler moves each with one
+    /// PMD move (or prepares one itself when none is ready). Off: 4 KiB pages only. Has no
+    /// effect where the system's THP setting is `never`.
+    pool_thp: Bool = "on",
     /// The scrub thread starts refilling when the pool holds less than this.
     scrub_start: Size = "32M",
     /// The scrub thread stops refilling when the pool holds this much.

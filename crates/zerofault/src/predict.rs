@@ -109,6 +109,17 @@ impl Predictor {
 
     /// A fault on page `page` of a region whose pages end before `end`: the window to install.
     pub fn on_fault(&mut self, page: u64, end: u64, t: &Tuning) -> Window {
+        self.on_fault_aligned(page, end, None, t)
+    }
+
+    /// As [`Predictor::on_fault`]; with `phase` (the region's first page modulo
+    /// [`PMD_PAGES`] in the address space), a window of a PMD or more is stretched (by at most
+    /// 511 pages) to end one page short of a PMD boundary. The next sequential fault then lands
+    /// on the last page of a PMD: the kernel gives the faulting PMD a page table before it asks
+    /// us, so that PMD must take 4 KiB pages, and this way it has one left to take, while every
+    /// PMD of the window after it is whole and free of tables, ready for a huge page. Without it
+    /// a stream that starts off a boundary covers one PMD in four partly, forever.
+    pub fn on_fault_aligned(&mut self, page: u64, end: u64, phase: Option<u64>, t: &Tuning) -> Window {
         debug_assert!(page < end);
         self.clock += 1;
         let hit = self
@@ -133,7 +144,12 @@ impl Predictor {
                 }
             }
         };
-        let pages = (1u64 << order).min(end - page);
+        let mut pages = 1u64 << order;
+        if let Some(phase) = phase.filter(|_| pages >= PMD_PAGES) {
+            let to = (phase + page + pages + 1).next_multiple_of(PMD_PAGES) - 1 - phase;
+            pages = to - page;
+        }
+        let pages = pages.min(end - page);
         self.streams[slot] = Stream {
             live: true,
             next: page + pages,
@@ -353,5 +369,32 @@ mod tests {
             }
         }
         assert_eq!(tripped_at, Some(8));
+    }
+
+    #[test]
+    fn windows_of_a_pmd_or_more_end_on_a_pmd_boundary_when_asked() {
+        let mut p = Predictor::new();
+        // A region whose page 0 is page 1 of a PMD (the shim's blocks start after a header page).
+        let phase = Some(1);
+        let mut page = 0;
+        let mut got = vec![];
+        for _ in 0..7 {
+            let w = p.on_fault_aligned(page, 1 << 20, phase, &T);
+            assert_eq!(w.outcome, if page == 0 { Outcome::Start } else { Outcome::Hit });
+            got.push(w.pages);
+            page = w.first + w.pages;
+        }
+        // 16, 64, 256 as usual; 1024 from page 336 stretches to end one page short of the
+        // boundary at region page 1535 (1536 in the address space); after that every window
+        // is 2048 and ends one page short of a boundary too.
+        assert_eq!(got, [16, 64, 256, 1198, 2048, 2048, 2048]);
+        assert_eq!((1 + page + 1) % PMD_PAGES, 0);
+        // Clipped at the region end all the same.
+        let mut q = Predictor::new();
+        let t9 = Tuning { start_order: 9, ..T };
+        let w = q.on_fault_aligned(0, 1200, Some(0), &t9);
+        assert_eq!(w.pages, 1023, "512 stretched to one short of the second boundary");
+        let w = q.on_fault_aligned(1023, 1200, Some(0), &t9);
+        assert_eq!(w.pages, 177);
     }
 }

@@ -14,7 +14,7 @@
 
 use crate::pagemap::PageMap;
 use crate::predict::MissRun;
-use crate::sys::mman::{self, PAGE_SIZE};
+use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
 use crate::Shared;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -29,6 +29,13 @@ pub struct Range {
     pub start: usize,
     pub pages: u64,
     pub map: PageMap,
+    /// One bit per PMD (2 MiB) the range overlaps, index [`Range::pmd_of`]: set once 4 KiB
+    /// pages were installed there (or a REMOVE cut through it, or the kernel moved the pages
+    /// in), because that PMD may now hold a page table. A huge page is moved only into a PMD
+    /// whose bit is clear: into a page table it would be split (~1 ms). Never cleared: kernels
+    /// with CONFIG_PT_RECLAIM free an emptied table on MADV_DONTNEED, older ones keep it, and
+    /// user space cannot tell which happened.
+    pub tables: PageMap,
     /// The Region that maps and unmaps this memory, if any.
     pub owner: Option<u64>,
     /// Unpredicted faults in a row (for hand-back).
@@ -48,6 +55,35 @@ impl Range {
     pub fn addr_of(&self, page: u64) -> usize {
         self.start + page as usize * PAGE_SIZE
     }
+
+    /// Index of the PMD holding `addr` among the PMDs the range overlaps.
+    pub fn pmd_of(&self, addr: usize) -> u64 {
+        (addr / PMD_SIZE - self.start / PMD_SIZE) as u64
+    }
+
+    /// Notes that 4 KiB pages went into `[addr, addr + len)`: its PMDs may hold page tables.
+    pub fn mark_tables(&self, addr: usize, len: usize) {
+        if len > 0 {
+            let (a, b) = (self.pmd_of(addr), self.pmd_of(addr + len - 1));
+            self.tables.set(a, b - a + 1);
+        }
+    }
+
+    /// Whether a huge page may be moved into the PMD at `addr` (see [`Range::tables`]).
+    pub fn pmd_is_clear(&self, addr: usize) -> bool {
+        !self.tables.is_claimed(self.pmd_of(addr))
+    }
+
+    /// The part of `tables` for a piece of this range starting at `start` of `pages` pages.
+    fn tables_of(&self, start: usize, pages: u64) -> PageMap {
+        self.tables.slice(self.pmd_of(start), pmds(start, pages))
+    }
+}
+
+/// PMDs overlapped by `pages` pages from `start`.
+fn pmds(start: usize, pages: u64) -> u64 {
+    let end = start + (pages as usize).max(1) * PAGE_SIZE;
+    ((end - 1) / PMD_SIZE - start / PMD_SIZE + 1) as u64
 }
 
 #[derive(Debug, Default)]
@@ -58,7 +94,7 @@ struct Table {
 }
 
 impl Table {
-    fn new_range(&mut self, start: usize, map: PageMap, owner: Option<u64>) -> Arc<Range> {
+    fn new_range(&mut self, start: usize, map: PageMap, tables: PageMap, owner: Option<u64>) -> Arc<Range> {
         self.next_id += 1;
         self.seq += 1;
         let r = Arc::new(Range {
@@ -67,6 +103,7 @@ impl Table {
             start,
             pages: map.pages(),
             map,
+            tables,
             owner,
             misses: Mutex::default(),
         });
@@ -101,10 +138,16 @@ impl Table {
             let hi = r.page_of(end.min(r.end()));
             cleared += r.map.slice(lo, hi - lo).count();
             if lo > 0 {
-                self.new_range(r.start, r.map.slice(0, lo), r.owner);
+                self.new_range(r.start, r.map.slice(0, lo), r.tables_of(r.start, lo), r.owner);
             }
             if hi < r.pages {
-                self.new_range(r.addr_of(hi), r.map.slice(hi, r.pages - hi), r.owner);
+                let at = r.addr_of(hi);
+                self.new_range(
+                    at,
+                    r.map.slice(hi, r.pages - hi),
+                    r.tables_of(at, r.pages - hi),
+                    r.owner,
+                );
             }
             cut.push((r, lo, hi - lo));
         }
@@ -143,18 +186,25 @@ impl RangeTable {
     pub fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
         let mut t = self.write();
         t.cut(start, start + pages as usize * PAGE_SIZE, None);
-        t.new_range(start, PageMap::new(pages), owner)
+        t.new_range(start, PageMap::new(pages), PageMap::new(pmds(start, pages)), owner)
     }
 
     /// UFFD_EVENT_REMOVE: the kernel dropped the pages of `[start, end)`. Returns page states
-    /// cleared.
+    /// cleared. A PMD the span cuts through (not whole) may hold a page table from now on: a
+    /// huge page there was split.
     pub fn forget(&self, start: usize, end: usize, upto: u64) -> u64 {
         let t = self.read();
         t.overlapping(start, end, Some(upto))
             .iter()
             .map(|r| {
-                let lo = r.page_of(start.max(r.start));
-                let hi = r.page_of(end.min(r.end()));
+                let (a, b) = (start.max(r.start), end.min(r.end()));
+                if a % PMD_SIZE != 0 {
+                    r.mark_tables(a, PAGE_SIZE);
+                }
+                if b % PMD_SIZE != 0 {
+                    r.mark_tables(b - PAGE_SIZE, PAGE_SIZE);
+                }
+                let (lo, hi) = (r.page_of(a), r.page_of(b));
                 r.map.clear(lo, hi - lo)
             })
             .sum()
@@ -173,7 +223,10 @@ impl RangeTable {
         t.cut(to, to + len, None);
         for (r, first, pages) in pieces {
             let dst = to + (r.addr_of(first) - from);
-            t.new_range(dst, r.map.slice(first, pages), None);
+            // The kernel moved page tables and huge pages as it saw fit: assume tables anywhere.
+            let tables = PageMap::new(pmds(dst, pages));
+            tables.set(0, tables.pages());
+            t.new_range(dst, r.map.slice(first, pages), tables, None);
         }
     }
 
@@ -299,5 +352,49 @@ impl Drop for Region {
                 let _ = u.unregister(r.start, r.end() - r.start);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const P: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
+
+    /// Which PMD bits of the range at `start` are set, by PMD index.
+    fn tables_at(t: &RangeTable, start: usize) -> Vec<bool> {
+        let r = t.find(start).unwrap();
+        assert_eq!(r.start, start);
+        (0..r.tables.pages()).map(|i| r.tables.is_claimed(i)).collect()
+    }
+
+    #[test]
+    fn pmd_bits_follow_addresses_through_removes_and_cuts() {
+        let t = RangeTable::default();
+        // 5 PMDs' worth of pages, starting one page into a PMD: it overlaps 6 PMDs.
+        let base = 64 * PMD_SIZE;
+        let start = base + PAGE_SIZE;
+        let r = t.insert(start, 5 * P, None);
+        assert_eq!(r.tables.pages(), 6);
+        assert!(r.pmd_is_clear(base + 3 * PMD_SIZE));
+        r.mark_tables(base + 3 * PMD_SIZE - PAGE_SIZE, 2 * PAGE_SIZE); // straddles PMDs 2 and 3
+        assert_eq!(tables_at(&t, start), [false, false, true, true, false, false]);
+
+        // A REMOVE of whole PMD 1 sets nothing; one ending inside PMD 4 sets PMD 4.
+        t.forget(base + PMD_SIZE, base + 2 * PMD_SIZE, u64::MAX);
+        assert_eq!(tables_at(&t, start), [false, false, true, true, false, false]);
+        t.forget(base + 4 * PMD_SIZE, base + 4 * PMD_SIZE + 8 * PAGE_SIZE, u64::MAX);
+        assert_eq!(tables_at(&t, start), [false, false, true, true, true, false]);
+
+        // munmap of PMD 1 leaves two ranges whose bits keep their addresses.
+        t.unmap(base + PMD_SIZE, base + 2 * PMD_SIZE, u64::MAX);
+        assert_eq!(tables_at(&t, start), [false]);
+        assert_eq!(tables_at(&t, base + 2 * PMD_SIZE), [true, true, true, false]);
+
+        // mremap: the kernel moved page tables as it saw fit, so every bit is set there.
+        let to = 128 * PMD_SIZE;
+        t.remap(base + 2 * PMD_SIZE, to, 2 * PMD_SIZE, u64::MAX);
+        assert_eq!(tables_at(&t, to), [true, true]);
+        assert_eq!(tables_at(&t, base + 4 * PMD_SIZE), [true, false]);
     }
 }

@@ -68,6 +68,13 @@ counters! {
     read_faults,
     /// Pages installed with UFFDIO_MOVE from the pre-zeroed pool.
     pages_moved,
+    /// Of those, 2 MiB huge pages moved whole from the pool's huge ring (one PMD each).
+    huge_moves,
+    /// 2 MiB huge pages the handler prepared itself and moved whole, the huge ring being empty.
+    huge_made,
+    /// Whole-PMD installs that ended in 4 KiB pages (a page already present, a move refused):
+    /// that PMD gets 4 KiB pages from then on.
+    huge_fallbacks,
     /// Pages installed with UFFDIO_COPY from the zero source.
     pages_copied,
     /// Pages mapped to the shared zero page (read faults).

@@ -1,7 +1,8 @@
 //! Where zero bytes come from.
 //!
 //! - **Pool pages** are zeroed by the kernel when the scrub thread populates them
-//!   (`MADV_POPULATE_WRITE` allocates zero-filled pages), away from any fault. Seed 003's point
+//!   (`MADV_POPULATE_WRITE` allocates zero-filled pages, 4 KiB or 2 MiB huge), away from any
+//!   fault; a huge page the handler prepares itself is zeroed the same way, in its staging area. Seed 003's point
 //!   holds: zeroing pays only for pages that are cold, and a freshly allocated page is.
 //! - **The copy path** (pool empty, `pool=off`, no UFFDIO_MOVE, or a move refused) installs
 //!   pages with `UFFDIO_COPY` from a [`ZeroSource`]: a read-only mapping whose every page is

@@ -8,7 +8,7 @@
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use zerofault::sys::mman::PAGE_SIZE;
+use zerofault::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
 use zerofault::zero::is_zero;
 use zerofault::{Engine, Options, Region};
 
@@ -236,6 +236,92 @@ fn mremap_moves_the_page_states_with_the_pages() {
     assert!(s.fault_events > 1, "the moved range is still served: {}", s.to_text());
     // SAFETY: the moved mapping is ours; the Region no longer covers it.
     unsafe { libc::munmap(moved as *mut libc::c_void, 4 * MIB) };
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn whole_pmds_of_sequential_windows_get_huge_pages() {
+    let thp = mman::thp_available();
+    let e = engine_with(&[]);
+    e.prefill(64 * MIB).unwrap();
+    let mut r = e.map(64 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..64 * MIB / PAGE_SIZE), 0);
+    let s = e.stats();
+    assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
+    if thp {
+        // 2048-page windows: the PMD each fault lands in takes 4 KiB pages, the three after it
+        // are whole huge pages.
+        assert!(s.huge_moves >= 16, "{}", s.to_text());
+        assert_eq!(s.huge_fallbacks, 0, "{}", s.to_text());
+        let huge = mman::anon_huge_bytes(r.as_ptr() as usize, r.len());
+        assert_eq!(
+            huge,
+            s.huge_moves as usize * PMD_SIZE,
+            "every huge move is a mapped THP"
+        );
+    } else {
+        assert_eq!((s.huge_moves, s.huge_made), (0, 0), "{}", s.to_text());
+    }
+
+    let e = engine_with(&[("pool_thp", "off")]);
+    e.prefill(64 * MIB).unwrap();
+    let mut r = e.map(64 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..64 * MIB / PAGE_SIZE), 0);
+    let s = e.stats();
+    assert_eq!((s.huge_moves, s.huge_made), (0, 0), "{}", s.to_text());
+    assert_eq!(mman::anon_huge_bytes(r.as_ptr() as usize, r.len()), 0);
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn with_no_scrub_the_handler_makes_its_own_huge_pages() {
+    // scrub_start 0: the scrub thread never fills; every huge page is made by the handler.
+    let e = engine_with(&[("scrub_start", "0"), ("scrub_stop", "0")]);
+    let mut r = e.map(32 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..32 * MIB / PAGE_SIZE), 0);
+    let s = e.stats();
+    assert_eq!((s.pool_pages_filled, s.huge_moves), (0, 0), "{}", s.to_text());
+    if mman::thp_available() {
+        assert!(s.huge_made >= 8, "{}", s.to_text());
+        assert_eq!(
+            mman::anon_huge_bytes(r.as_ptr() as usize, r.len()),
+            s.huge_made as usize * PMD_SIZE
+        );
+    }
+    assert_eq!(s.pages_served(), (32 * MIB / PAGE_SIZE) as u64, "{}", s.to_text());
+    assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn discarding_part_of_a_huge_page_and_touching_it_again_reads_zero_and_keeps_the_rest() {
+    let e = engine_with(&[]);
+    e.prefill(32 * MIB).unwrap();
+    let mut r = e.map(32 * MIB).unwrap();
+    let pages = 32 * MIB / PAGE_SIZE;
+    assert_eq!(touch_and_check(&mut r, 0..pages), 0);
+    // 64 KiB out of the middle of PMD 6 (a huge page where THP is on): the kernel splits it.
+    let (off, len) = (6 * PMD_SIZE + 256 * PAGE_SIZE, 16 * PAGE_SIZE);
+    r.discard(off, len).unwrap();
+    let gone = off / PAGE_SIZE..(off + len) / PAGE_SIZE;
+    for (p, pg) in r.as_slice().chunks(PAGE_SIZE).enumerate() {
+        let want = if gone.contains(&p) { 0 } else { 0xA5 };
+        assert!(pg[0] == want && is_zero(&pg[1..]), "page {p}");
+    }
+    let before = e.stats();
+    assert_eq!(touch_and_check(&mut r, gone.clone()), 0);
+    // Then all of it, and once more from the start: PMDs that held tables take 4 KiB pages,
+    // the others huge pages again; every page reads zero first.
+    r.discard(0, 32 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r, 0..pages), 0);
+    let s = e.stats();
+    assert!(
+        s.pages_served() >= before.pages_served() + pages as u64,
+        "{}",
+        s.to_text()
+    );
+    assert_eq!(s.install_errors, 0, "{}", s.to_text());
+    assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
 }
 
 #[test]

@@ -137,6 +137,39 @@ pub fn resident_pages(addr: usize, len: usize) -> io::Result<usize> {
     Ok(v.iter().filter(|b| **b & 1 != 0).count())
 }
 
+/// Whether the kernel hands out 2 MiB transparent huge pages to `MADV_HUGEPAGE` memory: THP
+/// is built in, not `never` (the administrator's word), and a huge page is one PMD.
+pub fn thp_available() -> bool {
+    let read = |f: &str| std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{f}"));
+    let enabled = read("enabled").is_ok_and(|s| !s.contains("[never]"));
+    let size = read("hpage_pmd_size").is_ok_and(|s| s.trim().parse::<usize>() == Ok(PMD_SIZE));
+    enabled && size
+}
+
+/// Bytes of transparent huge pages mapped around `[addr, addr + len)`: the `AnonHugePages` of
+/// every mapping of /proc/self/smaps that overlaps it (a registered range may be several VMAs,
+/// and a mapping may have merged with a neighbour of the same flags). For tests and
+/// diagnostics: it reads the whole smaps file.
+pub fn anon_huge_bytes(addr: usize, len: usize) -> usize {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let mut inside = false;
+    let mut kb = 0;
+    for l in smaps.lines() {
+        if !l.starts_with(|c: char| c.is_ascii_uppercase()) {
+            // A VMA's header: "start-end perms ...".
+            let range = l.split(' ').next().and_then(|r| r.split_once('-'));
+            let parse = |x: &str| usize::from_str_radix(x, 16).ok();
+            inside = match range {
+                Some((a, b)) => matches!((parse(a), parse(b)), (Some(a), Some(b)) if a < addr + len && b > addr),
+                None => false,
+            };
+        } else if let Some(v) = l.strip_prefix("AnonHugePages:").filter(|_| inside) {
+            kb += v.trim().trim_end_matches("kB").trim().parse::<usize>().unwrap_or(0);
+        }
+    }
+    kb << 10
+}
+
 /// An owned anonymous private mapping, unmapped on drop: plain kernel-served memory, for
 /// baselines and for callers that need memory the engine does not serve.
 #[derive(Debug)]
