@@ -45,6 +45,11 @@ use std::time::{Duration, Instant};
 const BATCH: usize = 64;
 /// Times an install is retried after draining events before giving up on it.
 const EVENT_RETRIES: u32 = 8;
+/// A staging populate slower than this (a huge page normally takes ~0.4-1 ms here) means the
+/// kernel had to compact memory for it, or fell back to 4 KiB pages: the handler then copies
+/// instead for [`STAGE_REST`]. The scrub thread, off the faulting path, keeps trying.
+const STAGE_SLOW: Duration = Duration::from_millis(4);
+const STAGE_REST: Duration = Duration::from_secs(1);
 /// Predictor entries kept before the table is reset (threads and ranges come and go).
 const MAX_PREDICTORS: usize = 4096;
 
@@ -124,6 +129,8 @@ struct Handler<'a> {
     stage: Option<Mapping>,
     /// EEXIST skips so far (tells a clean move from one that found pages present).
     partials: u64,
+    /// After a slow staging populate, no staging until then (see [`STAGE_SLOW`]).
+    stage_rests_until: Option<Instant>,
     /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
     pieces: Vec<(usize, usize, bool)>,
     predictors: HashMap<(u64, u32), Predictor>,
@@ -157,6 +164,7 @@ impl<'a> Handler<'a> {
             can_move,
             stage,
             partials: 0,
+            stage_rests_until: None,
             pieces: Vec::new(),
             predictors: HashMap::new(),
             runs: Vec::new(),
@@ -497,8 +505,21 @@ impl<'a> Handler<'a> {
                 errno: Some(libc::ENOSYS),
             };
         };
+        if self.stage_rests_until.is_some_and(|t| Instant::now() < t) {
+            return Progress {
+                done: 0,
+                errno: Some(libc::EBUSY),
+            };
+        }
         let addr = stage.as_ptr() as usize;
-        if let Err(e) = stage.populate() {
+        let t0 = Instant::now();
+        let populated = stage.populate();
+        if t0.elapsed() > STAGE_SLOW {
+            // Memory is fragmented (the kernel compacted to find a huge page, or gave up and
+            // populated 4 KiB pages): copying is cheaper on the faulting path for a while.
+            self.stage_rests_until = Some(Instant::now() + STAGE_REST);
+        }
+        if let Err(e) = populated {
             return Progress {
                 done: 0,
                 errno: Some(e.raw_os_error().unwrap_or(libc::ENOMEM)),

@@ -72,8 +72,9 @@ counters! {
     huge_moves,
     /// 2 MiB huge pages the handler prepared itself and moved whole, the huge ring being empty.
     huge_made,
-    /// Whole-PMD installs that ended in 4 KiB pages (a page already present, a move refused):
-    /// that PMD gets 4 KiB pages from then on.
+    /// Whole-PMD installs that ended in 4 KiB pages (a page already present, a move refused,
+    /// or the handler's own huge pages resting after a slow one): those PMDs get 4 KiB pages
+    /// from then on.
     huge_fallbacks,
     /// Pages installed with UFFDIO_COPY from the zero source.
     pages_copied,
