@@ -29,11 +29,15 @@ const BASE_COLORS: [(&str, RGBColor); 5] = [
     ("engine", RGBColor(0, 158, 115)),
     ("engine-cold", RGBColor(213, 94, 0)),
 ];
-const VARIANT_COLORS: [RGBColor; 4] = [
+const VARIANT_COLORS: [RGBColor; 8] = [
     RGBColor(0, 114, 178),
     RGBColor(204, 121, 167),
     RGBColor(120, 120, 120),
     RGBColor(140, 86, 75),
+    RGBColor(117, 112, 179),
+    RGBColor(166, 6, 40),
+    RGBColor(128, 128, 0),
+    RGBColor(0, 90, 90),
 ];
 
 fn colors(modes: &[String]) -> Vec<RGBColor> {
@@ -356,6 +360,16 @@ mod tests {
             l.series(&both, "thp", 2).iter().map(|p| p.0).collect::<Vec<_>>(),
             [1.0, 8.0, 64.0]
         );
+    }
+
+    #[test]
+    fn every_base_mode_and_eight_variants_get_distinct_colors() {
+        let mut modes: Vec<String> = BASE_COLORS.iter().map(|(n, _)| n.to_string()).collect();
+        modes.extend((0..8).map(|i| format!("engine:max_order={i}")));
+        let mut c: Vec<(u8, u8, u8)> = colors(&modes).iter().map(|c| (c.0, c.1, c.2)).collect();
+        c.sort_unstable();
+        c.dedup();
+        assert_eq!(c.len(), 13);
     }
 
     #[test]

@@ -108,7 +108,8 @@ pub fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
                     copies on the faulting path (no prezeroing, seeds 002/003); \
                     `start_order=0:max_order=0` serves one page per fault (no anticipatory \
                     prefault, seed 000); `start_order=0:order_step=1:max_order=3` is seed 000's \
-                    own setting (1, 2, 4, 8 pages).",
+                    own setting (1, 2, 4, 8 pages); `pool_thp=off` moves 4 KiB pages only (no \
+                    huge pages for the whole PMDs of a window), warm and cold.",
             args: BenchArgs {
                 modes: vec![
                     Mode::plain(Base::Native),
@@ -116,7 +117,9 @@ pub fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
                     variant("engine:pool=off"),
                     variant("engine:start_order=0:max_order=0"),
                     variant("engine:start_order=0:order_step=1:max_order=3"),
+                    variant("engine:pool_thp=off"),
                     Mode::plain(Base::EngineCold),
+                    variant("engine-cold:pool_thp=off"),
                 ],
                 ..base
             },
@@ -360,9 +363,11 @@ mod tests {
         assert_eq!(names, ["native", "thp", "populate", "engine", "engine-cold"]);
         assert_eq!(s[1].args.pattern, Pattern::Random);
         assert_eq!((s[2].args.pattern, s[2].args.touch), (Pattern::Random, 0.05));
-        assert!(s[3].args.modes.iter().any(|m| m.name() == "engine:pool=off"));
+        for m in ["engine:pool=off", "engine:pool_thp=off", "engine-cold:pool_thp=off"] {
+            assert!(s[3].args.modes.iter().any(|x| x.name() == m), "{m}");
+        }
         let runs: usize = s.iter().map(|x| x.args.runs()).sum();
-        assert_eq!(runs, 3 * (14 * 5 + 2 * 5 + 2 * 5 + 2 * 6));
+        assert_eq!(runs, 3 * (14 * 5 + 2 * 5 + 2 * 5 + 2 * 8));
     }
 
     #[test]
