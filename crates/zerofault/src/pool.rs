@@ -197,14 +197,12 @@ impl Ring {
 
     /// Populates until `target` pages are ready (capped at capacity), on the calling thread.
     pub fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
-        let target = target.min(self.pages);
-        while !stop() {
-            let have = self.available();
-            if have >= target || self.fill_step(target - have, stats)? == 0 {
-                break;
-            }
-        }
-        Ok(())
+        fill_loop(
+            target.min(self.pages),
+            stop,
+            || self.available(),
+            |n| self.fill_step(n, stats),
+        )
     }
 
     /// Whether `addr` (a page of a run) is still populated: tells a source hole from a
@@ -228,6 +226,22 @@ impl Drop for Ring {
     fn drop(&mut self) {
         let _ = mman::unmap(self.base, self.pages as usize * PAGE_SIZE);
     }
+}
+
+/// Producer steps until `available()` reaches `target`, a step adds nothing, or `stop()`.
+fn fill_loop(
+    target: u64,
+    stop: impl Fn() -> bool,
+    available: impl Fn() -> u64,
+    mut step: impl FnMut(u64) -> io::Result<u64>,
+) -> io::Result<()> {
+    while !stop() {
+        let have = available();
+        if have >= target || step(target - have)? == 0 {
+            break;
+        }
+    }
+    Ok(())
 }
 
 /// The two rings, and the pool-wide view the scrub thread and the watermarks use.
@@ -286,14 +300,12 @@ impl Pool {
     /// Populates until `target` pages are ready in all (capped at capacity), on the calling
     /// thread.
     pub fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
-        let target = target.min(self.capacity());
-        while !stop() {
-            let have = self.available();
-            if have >= target || self.fill_step(target - have, stats)? == 0 {
-                break;
-            }
-        }
-        Ok(())
+        fill_loop(
+            target.min(self.capacity()),
+            stop,
+            || self.available(),
+            |n| self.fill_step(n, stats),
+        )
     }
 
     /// Frees every pool page.
