@@ -32,7 +32,7 @@ use crate::predict::{handback_span, Outcome, Predictor, Tuning, PMD_PAGES};
 use crate::region::Range;
 use crate::stats::Stats;
 use crate::sys::mman::{self, Mapping, Thp, PAGE_SIZE, PMD_SIZE};
-use crate::sys::thread::{self, ThreadClock};
+use crate::sys::thread::ThreadClock;
 use crate::sys::uffd::{Msg, Progress, RawMsg, Uffd};
 use crate::zero::ZeroSource;
 use crate::Shared;
@@ -53,30 +53,39 @@ const STAGE_REST: Duration = Duration::from_secs(1);
 /// Predictor entries kept before the table is reset (threads and ranges come and go).
 const MAX_PREDICTORS: usize = 4096;
 
-/// Closes the userfaultfd when the handler thread ends other than by an orderly stop.
-struct FailOpen<'a>(&'a Shared);
+/// Closes the userfaultfd when the handler thread ends other than by an orderly stop (the
+/// doorbell rung by [`crate::Engine`]'s drop).
+struct FailOpen<'a> {
+    shared: &'a Shared,
+    orderly: bool,
+}
 
 impl Drop for FailOpen<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            Stats::add(&self.0.stats.handler_panics, 1);
+            Stats::add(&self.shared.stats.handler_panics, 1);
         }
-        if !self.0.stopping.load(Acquire) {
-            self.0.fail_open();
+        if !self.orderly {
+            self.shared.fail_open();
         }
     }
 }
 
 /// The thread's body.
 pub(crate) fn run(shared: Arc<Shared>) {
-    let _fail_open = FailOpen(&shared);
+    let mut fail_open = FailOpen {
+        shared: &shared,
+        orderly: false,
+    };
     let guard = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
     let Some(uffd) = guard.as_ref() else { return };
     let mut h = Handler::new(&shared, uffd);
     let mut buf = [RawMsg::default(); BATCH];
     let clock = ThreadClock::current();
     let (mut counted, mut last_count) = (Duration::ZERO, Instant::now());
-    while !shared.stopping.load(Acquire) {
+    // Until the doorbell rings: a stop is only orderly once every fault queued before it was
+    // answered.
+    while !h.rung {
         if let Some(m) = h.queue.pop_front() {
             h.handle_counted(m);
             continue;
@@ -92,8 +101,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 Stats::add(&shared.stats.handler_cpu_ns, (now - counted).as_nanos() as u64);
                 (counted, last_count) = (now, Instant::now());
             }
-            if thread::poll2(uffd.raw_fd(), shared.wakeup.raw_fd()).is_err() {
-                break;
+            if uffd.wait().is_err() || !uffd.still_ours() {
+                break; // closed or replaced behind our back: fail open
             }
             continue;
         }
@@ -106,6 +115,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         &shared.stats.handler_cpu_ns,
         now.saturating_sub(counted).as_nanos() as u64,
     );
+    fail_open.orderly = h.rung;
 }
 
 /// How an install of one run ended.
@@ -140,6 +150,8 @@ struct Handler<'a> {
     /// Table sequence noted before the last read: events apply to ranges registered by then.
     seq: u64,
     events: u64,
+    /// The doorbell rang: the engine is being dropped.
+    rung: bool,
 }
 
 impl<'a> Handler<'a> {
@@ -171,6 +183,7 @@ impl<'a> Handler<'a> {
             queue: VecDeque::new(),
             seq: 0,
             events: 0,
+            rung: false,
         }
     }
 
@@ -207,6 +220,14 @@ impl<'a> Handler<'a> {
     }
 
     fn fault(&mut self, addr: usize, write: bool, tid: u32) {
+        let page_addr = addr & !(PAGE_SIZE - 1);
+        if page_addr == self.shared.doorbell {
+            // Engine::drop rang: answer it, and stop.
+            let _ = self.uffd.zeropage(page_addr, PAGE_SIZE);
+            let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+            self.rung = true;
+            return;
+        }
         let stats = self.stats();
         Stats::add(&stats.fault_events, 1);
         Stats::add(if write { &stats.write_faults } else { &stats.read_faults }, 1);
@@ -217,7 +238,6 @@ impl<'a> Handler<'a> {
                 self.opts.panic_after
             );
         }
-        let page_addr = addr & !(PAGE_SIZE - 1);
         let Some(range) = self.shared.ranges.find(page_addr) else {
             Stats::add(&stats.unknown_faults, 1);
             self.install_one(page_addr, write);

@@ -90,9 +90,8 @@ use stats::{Stats, StatsHome};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::sync::{Arc, RwLock};
-use std::thread::JoinHandle;
 use sys::mman::{self, PAGE_SIZE, PMD_SIZE};
-use sys::thread::EventFd;
+use sys::thread::EngineThread;
 use sys::uffd::Uffd;
 use zero::ZeroSource;
 
@@ -158,7 +157,10 @@ pub struct Shared {
     /// Set by the handler on the first sequential write fault: the scrub thread fills nothing
     /// before.
     pub(crate) active: AtomicBool,
-    pub(crate) wakeup: EventFd,
+    /// One registered page outside every range: [`Engine`]'s drop reads it, and the fault it
+    /// takes wakes the handler to see `stopping` (the engine holds no descriptor but the
+    /// userfaultfd).
+    pub(crate) doorbell: usize,
     /// Odd while the handler is inside one message (bumped on entry and on exit), so that
     /// [`Engine::stats`] can wait for the counts of the install that woke its caller.
     pub(crate) handling: AtomicU64,
@@ -182,7 +184,7 @@ impl Shared {
         if let Some(u) = uffd.as_ref() {
             if let Err(e) = u.register(addr, len) {
                 self.ranges.remove(&r);
-                return Err(e);
+                return Err(e.into());
             }
         }
         Ok(())
@@ -196,12 +198,12 @@ impl Shared {
 #[derive(Debug)]
 pub struct Engine {
     shared: Arc<Shared>,
-    handler: Option<JoinHandle<()>>,
-    scrubber: Option<JoinHandle<()>>,
+    handler: Option<EngineThread>,
+    scrubber: Option<EngineThread>,
 }
 
 thread_local! {
-    static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    pub(crate) static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
@@ -234,8 +236,14 @@ impl Engine {
         if page != PAGE_SIZE {
             return Err(EngineError::PageSize(page));
         }
+        sys::thread::prepare().map_err(|e| EngineError::Thread(io::Error::other(e)))?;
         let uffd = Uffd::open().map_err(EngineError::Uffd)?;
         let features = uffd.features();
+        let doorbell = mman::map_private(PAGE_SIZE, true).map_err(EngineError::Map)?;
+        if let Err(e) = uffd.register(doorbell, PAGE_SIZE) {
+            let _ = mman::unmap(doorbell, PAGE_SIZE);
+            return Err(EngineError::Register(e.into()));
+        }
         let pool = if opts.pool && features.has(Features::MOVE) {
             let huge = opts.pool_thp && mman::thp_available();
             Some(Pool::new(opts.pool_max, huge).map_err(EngineError::Map)?)
@@ -253,20 +261,21 @@ impl Engine {
             stopping: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             active: AtomicBool::new(false),
-            wakeup: EventFd::new().map_err(EngineError::Thread)?,
+            doorbell,
             handling: AtomicU64::new(0),
             next_region: AtomicU64::new(1),
             opts,
         });
         let spawn = |name: &str, body: fn(Arc<Shared>)| {
             let s = shared.clone();
-            std::thread::Builder::new()
-                .name(name.into())
-                .spawn(move || {
+            sys::thread::spawn(
+                name,
+                Box::new(move || {
                     ENGINE_THREAD.with(|t| t.set(true));
                     body(s)
-                })
-                .map_err(EngineError::Thread)
+                }),
+            )
+            .map_err(EngineError::Thread)
         };
         // Built before spawning, so that a failed spawn drops an Engine that stops what started.
         let mut engine = Engine {
@@ -407,10 +416,15 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stopping.store(true, Release);
-        self.shared.wakeup.signal();
         self.shared.scrub.kick();
+        if self.handler.is_some() {
+            // The handler answers this read's fault and then sees `stopping`; with the
+            // userfaultfd already closed (failed open) the kernel answers it.
+            // SAFETY: the doorbell is our own mapped page; reading it maps the zero page.
+            unsafe { std::ptr::read_volatile(self.shared.doorbell as *const u8) };
+        }
         for t in [self.handler.take(), self.scrubber.take()].into_iter().flatten() {
-            let _ = t.join();
+            t.join();
         }
         // Closing the descriptor hands every registered range back to the kernel.
         drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
@@ -418,5 +432,6 @@ impl Drop for Engine {
         if let Some(p) = &self.shared.pool {
             p.release_all();
         }
+        let _ = mman::unmap(self.shared.doorbell, PAGE_SIZE);
     }
 }

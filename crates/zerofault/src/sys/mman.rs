@@ -8,6 +8,7 @@
 //! size; every mapping returned is anonymous and private. Callers own what they map and unmap
 //! it exactly once.
 
+use super::raw;
 use std::io;
 
 /// The base page size this engine serves. x86-64 and arm64 (4K kernels) only, checked at start.
@@ -18,24 +19,19 @@ pub const PMD_SIZE: usize = 2 << 20;
 /// `MADV_POPULATE_WRITE` (Linux 5.14): fault pages in writable, zero-filled by the kernel.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
 
-/// mmap(2) as a system call. Returns MAP_FAILED with errno set on failure, like libc's.
+/// mmap(2) of anonymous memory as a system call.
 ///
 /// # Safety
 /// As mmap(2): a MAP_FIXED mapping replaces whatever was at the address.
-unsafe fn sys_mmap(addr: *mut libc::c_void, len: usize, prot: libc::c_int, flags: libc::c_int) -> *mut libc::c_void {
+unsafe fn sys_mmap(addr: usize, len: usize, prot: libc::c_int, flags: libc::c_int) -> io::Result<usize> {
     // SAFETY: the caller upholds mmap's contract; an anonymous mapping takes no fd (-1).
     let r = unsafe {
-        libc::syscall(
+        raw::call(
             libc::SYS_mmap,
-            addr,
-            len,
-            prot,
-            flags,
-            -1 as libc::c_int,
-            0 as libc::off_t,
+            [addr, len, prot as usize, flags as usize, usize::MAX, 0],
         )
     };
-    r as *mut libc::c_void
+    Ok(r?)
 }
 
 /// The system page size, from sysconf.
@@ -44,10 +40,15 @@ pub fn system_page_size() -> usize {
     unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
 }
 
-/// Maps `len` bytes of anonymous private read-write memory aligned to `align` (a power of two
-/// at least the page size). Reserves `len + align` and trims the ends, so it costs no more than
-/// one mmap and two munmaps. `noreserve` skips overcommit accounting (for pools and zero sources
-/// whose pages are mostly never faulted).
+/// Maps `len` bytes of anonymous private memory with protection `prot`, aligned to `align` (a
+/// power of two at least the page size). Reserves `len + align` and trims the ends. `noreserve`
+/// skips overcommit accounting (for pools and zero sources whose pages are mostly never
+/// faulted).
+///
+/// Never locked: under `mlockall(MCL_FUTURE)` a new mapping would be locked and populated at
+/// once (a 256 MiB pool reservation, all of it). So the mapping is made `PROT_NONE` (which the
+/// kernel never populates), unlocked, and only then given `prot`: engine memory is used as
+/// touched, whatever the program asked of its own.
 pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool) -> io::Result<usize> {
     debug_assert!(align.is_power_of_two() && align >= PAGE_SIZE && len % PAGE_SIZE == 0);
     let total = len
@@ -58,12 +59,8 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
         flags |= libc::MAP_NORESERVE;
     }
     // SAFETY: a fresh anonymous mapping at an address the kernel chooses; no existing memory is
-    // affected. The result is checked against MAP_FAILED.
-    let p = unsafe { sys_mmap(std::ptr::null_mut(), total, prot, flags) };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
-    let base = p as usize;
+    // affected.
+    let base = unsafe { sys_mmap(0, total, libc::PROT_NONE, flags) }?;
     let start = (base + align - 1) & !(align - 1);
     if start > base {
         unmap(base, start - base)?;
@@ -72,7 +69,32 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
     if tail > 0 {
         unmap(start + len, tail)?;
     }
+    let _ = munlock(start, len);
+    if let Err(e) = protect(start, len, prot) {
+        let _ = unmap(start, len);
+        return Err(e);
+    }
     Ok(start)
+}
+
+/// Maps `len` bytes (a multiple of the page size) of anonymous private read-write memory,
+/// page aligned, never locked (see [`map_aligned`]).
+pub fn map_private(len: usize, noreserve: bool) -> io::Result<usize> {
+    map_aligned(len, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE, noreserve)
+}
+
+/// mprotect(2) on a range the caller owns.
+pub fn protect(addr: usize, len: usize, prot: libc::c_int) -> io::Result<()> {
+    // SAFETY: changes the protection of a page-aligned range the caller owns.
+    unsafe { raw::call(libc::SYS_mprotect, [addr, len, prot as usize, 0, 0, 0]) }?;
+    Ok(())
+}
+
+/// munlock(2): the range's pages may be paged out again (and a locked VMA is unlocked).
+pub fn munlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: unlocking changes no memory content.
+    unsafe { raw::call(libc::SYS_munlock, [addr, len, 0, 0, 0, 0]) }?;
+    Ok(())
 }
 
 /// Maps fresh anonymous private read-write memory over `[addr, addr + len)`, replacing what
@@ -80,17 +102,14 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
 pub fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the range and wants its contents replaced by zero pages; MAP_FIXED
     // affects only `[addr, addr + len)`.
-    let p = unsafe {
+    unsafe {
         sys_mmap(
-            addr as *mut libc::c_void,
+            addr,
             len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
         )
-    };
-    if p == libc::MAP_FAILED {
-        return Err(io::Error::last_os_error());
-    }
+    }?;
     Ok(())
 }
 
@@ -98,10 +117,7 @@ pub fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
 pub fn unmap(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: callers own the range (they mapped it, or the program handed it to us to drop);
     // munmap of page-aligned ranges cannot corrupt memory outside it.
-    let rc = unsafe { libc::syscall(libc::SYS_munmap, addr, len) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { raw::call(libc::SYS_munmap, [addr, len, 0, 0, 0, 0]) }?;
     Ok(())
 }
 
@@ -110,10 +126,7 @@ pub fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
     // SAFETY: advice on a page-aligned range the caller owns; the advices used by the engine
     // (NOHUGEPAGE, DONTFORK, POPULATE_WRITE, DONTNEED on its own pool) never touch memory the
     // caller does not own.
-    let rc = unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { raw::call(libc::SYS_madvise, [addr, len, advice as usize, 0, 0, 0]) }?;
     Ok(())
 }
 
@@ -130,10 +143,7 @@ pub use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE};
 pub fn resident_pages(addr: usize, len: usize) -> io::Result<usize> {
     let mut v = vec![0u8; len.div_ceil(PAGE_SIZE)];
     // SAFETY: `v` has one byte per page of the range, as mincore requires.
-    let rc = unsafe { libc::mincore(addr as *mut libc::c_void, len, v.as_mut_ptr()) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { raw::call(libc::SYS_mincore, [addr, len, v.as_mut_ptr() as usize, 0, 0, 0]) }?;
     Ok(v.iter().filter(|b| **b & 1 != 0).count())
 }
 

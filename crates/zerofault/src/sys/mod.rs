@@ -3,8 +3,10 @@
 //!
 //! - [`uffd`]: userfaultfd(2) and its ioctls, including `UFFDIO_MOVE`.
 //! - [`mman`]: mmap, munmap, madvise, mincore.
-//! - [`thread`]: eventfd, poll, scheduling class, CPU time, load average.
+//! - [`thread`]: the engine's own threads, poll, scheduling class, CPU time, load average.
+//! - [`raw`]: the system call itself, which leaves the program's `errno` alone.
 
 pub mod mman;
+pub mod raw;
 pub mod thread;
 pub mod uffd;

@@ -1,62 +1,385 @@
-//! Thread-level syscalls: the wake-up eventfd, poll, scheduling class, CPU affinity, thread CPU
-//! time, tid, load average.
+//! Thread-level syscalls: the engine's own threads, futexes, scheduling class, CPU affinity,
+//! thread CPU time, tid, load average.
 
+use super::mman::{self, PAGE_SIZE};
+use super::raw;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::OnceLock;
 use std::time::Duration;
 
-/// An eventfd used to interrupt a thread blocked in [`poll2`].
+// ---------------------------------------------------------------------------------------------
+// The engine's own threads
+//
+// An engine thread must never call the program's allocator: the program's threads may hold its
+// locks while they wait on a fault only the engine can serve. `pthread_create` calls it twice
+// (glibc allocates each new thread's TLS vector with the `calloc` the program links, and Rust's
+// thread start registers thread-local destructors through `__cxa_thread_atexit_impl`, which
+// calls `calloc` too), and a hook that starts the engine from inside jemalloc's `mmap` would
+// deadlock on jemalloc's own lock. So engine threads are made here, with `clone(2)`, on memory
+// of their own: a stack, and a copy of what glibc gives a thread (the static TLS blocks of the
+// modules loaded at start, initialised from their images; a TLS vector (DTV) long enough that
+// glibc never grows it; a thread control block with the stack and pointer guards of the
+// process). Thread-local variables, `errno` and unwinding work on them as on any thread.
+//
+// They start with every signal blocked (signals are the program's), are named
+// `zerofault-*`, and are invisible to glibc's thread list: nothing of glibc's that needs it
+// (pthread_self's tid, cancellation, setxid broadcasts, rseq, sched_getcpu) may run on them.
+// The engine's code calls raw system calls, std's futex-based locks, atomics and its own
+// allocations only; it does not call `std::thread::current()` or anything that registers a
+// thread-local destructor.
+//
+// x86-64 only (TLS variant II: the static blocks sit below the thread pointer, the TCB at it).
+// Elsewhere engine threads are std threads, with the allocator caveat above.
+
+/// Bytes of stack per engine thread (address space; pages are used as touched).
+const STACK: usize = 512 << 10;
+/// Bytes reserved for glibc's `struct pthread` at the thread pointer (2,304 in glibc 2.36).
+const TCB: usize = 16 << 10;
+/// TLS vector slots: module ids up to this need no reallocation by glibc.
+const DTV_SLOTS: usize = 4096;
+/// glibc's `TLS_DTV_UNALLOCATED`.
+const DTV_UNALLOCATED: usize = usize::MAX;
+const MAX_MODULES: usize = 64;
+
+/// One module's static TLS block.
+#[derive(Clone, Copy, Debug, Default)]
+struct TlsModule {
+    modid: usize,
+    /// Thread pointer minus the block's address (the same on every thread).
+    offset: usize,
+    image: usize,
+    filesz: usize,
+    memsz: usize,
+}
+
+/// The process's static TLS, read once (at load, by the shim's constructor, or at the first
+/// engine start): the modules loaded at start and the size glibc reserves below the thread
+/// pointer.
 #[derive(Debug)]
-pub struct EventFd(OwnedFd);
+struct TlsLayout {
+    /// Bytes below the thread pointer.
+    below: usize,
+    align: usize,
+    n: usize,
+    modules: [TlsModule; MAX_MODULES],
+}
 
-impl EventFd {
-    pub fn new() -> io::Result<EventFd> {
-        // SAFETY: eventfd(2) takes an initial count and flags; returns a fresh fd or -1.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
+/// The calling thread's thread pointer (`%fs:0`, glibc's self-pointer).
+#[cfg(target_arch = "x86_64")]
+fn tcb_word(offset: usize) -> usize {
+    let v: usize;
+    // SAFETY: glibc's x86-64 TCB starts at %fs and holds at least 0x80 bytes of header words;
+    // the offsets read here are 0, 8, 0x28, 0x30.
+    unsafe {
+        std::arch::asm!("mov {}, qword ptr fs:[{}]", out(reg) v, in(reg) offset, options(nostack, readonly, preserves_flags));
+    }
+    v
+}
+
+static LAYOUT: OnceLock<Result<TlsLayout, &'static str>> = OnceLock::new();
+
+/// Reads the static TLS layout of the process. Call it where the dynamic loader's lock is
+/// safe to take (not from inside another allocator's hook): the shim's constructor does.
+/// Cheap after the first call.
+pub fn prepare() -> Result<(), &'static str> {
+    LAYOUT.get_or_init(read_layout).as_ref().map(|_| ()).map_err(|e| *e)
+}
+
+#[cfg(target_arch = "x86_64")]
+fn read_layout() -> Result<TlsLayout, &'static str> {
+    type StaticInfo = unsafe extern "C" fn(*mut usize, *mut usize);
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name; null when absent.
+    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
+    let (mut size, mut align) = (0usize, 64usize);
+    if !f.is_null() {
+        // SAFETY: glibc's _dl_get_tls_static_info(size_t *, size_t *) writes two words.
+        unsafe { std::mem::transmute::<*mut libc::c_void, StaticInfo>(f)(&mut size, &mut align) };
+    }
+    let tp = tcb_word(0);
+    let mut l = TlsLayout {
+        below: size,
+        align: align.max(64),
+        n: 0,
+        modules: [TlsModule::default(); MAX_MODULES],
+    };
+    extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut libc::c_void) -> libc::c_int {
+        // SAFETY: dl_iterate_phdr passes a valid info for the duration of the call, and `data`
+        // is the `(tp, &mut TlsLayout)` pair below.
+        let (info, (tp, l)) = unsafe { (&*info, &mut *(data as *mut (usize, &mut TlsLayout))) };
+        let block = info.dlpi_tls_data as usize;
+        if info.dlpi_tls_modid == 0 || block == 0 || block >= *tp || l.n == MAX_MODULES {
+            return 0;
         }
-        // SAFETY: a fresh descriptor that nobody else owns.
-        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+        // SAFETY: dlpi_phdr points to dlpi_phnum program headers of the module.
+        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+        if let Some(h) = phdrs.iter().find(|h| h.p_type == libc::PT_TLS) {
+            l.modules[l.n] = TlsModule {
+                modid: info.dlpi_tls_modid,
+                offset: *tp - block,
+                image: info.dlpi_addr as usize + h.p_vaddr as usize,
+                filesz: h.p_filesz as usize,
+                memsz: h.p_memsz as usize,
+            };
+            l.n += 1;
+        }
+        0
     }
-
-    /// Makes the eventfd readable (level-triggered: it stays readable; nobody drains it).
-    pub fn signal(&self) {
-        let one: u64 = 1;
-        // SAFETY: writes 8 bytes from a local u64 to our own eventfd.
-        let _ = unsafe { libc::write(self.0.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    let mut data = (tp, &mut l);
+    // SAFETY: the callback only reads what dl_iterate_phdr hands it and writes `data`.
+    unsafe { libc::dl_iterate_phdr(Some(each), &mut data as *mut _ as *mut libc::c_void) };
+    // Blocks below the thread pointer further than glibc's static size are dynamic (dlopen'd
+    // modules, allocated elsewhere): leave them to glibc (unallocated in our threads).
+    let deepest = l.modules[..l.n].iter().map(|m| m.offset).max().unwrap_or(0);
+    if l.below == 0 {
+        l.below = deepest + (64 << 10);
     }
+    let below = l.below;
+    let mut kept = 0;
+    for i in 0..l.n {
+        let m = l.modules[i];
+        if m.offset <= below && m.offset >= m.memsz {
+            l.modules[kept] = m;
+            kept += 1;
+        }
+    }
+    l.n = kept;
+    // Our own variables must be in static TLS, or touching them on an engine thread would make
+    // glibc allocate them (through the program's malloc): true unless this library was
+    // dlopen'ed.
+    let ours = crate::ENGINE_THREAD.with(|c| c as *const _ as usize);
+    if !(ours < tp && tp - ours <= below) {
+        return Err("zerofault's thread-local storage is not static (was the library dlopen'ed? load it with LD_PRELOAD or link it)");
+    }
+    Ok(l)
+}
 
-    pub fn raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
+#[cfg(not(target_arch = "x86_64"))]
+fn read_layout() -> Result<TlsLayout, &'static str> {
+    Ok(TlsLayout {
+        below: 0,
+        align: 64,
+        n: 0,
+        modules: [TlsModule::default(); MAX_MODULES],
+    })
+}
+
+/// A thread made by [`spawn`]. Dropping the handle detaches it (its memory then lives as long
+/// as the process); [`EngineThread::join`] waits for it and frees its memory.
+#[derive(Debug)]
+pub struct EngineThread {
+    block: usize,
+    len: usize,
+    /// Cleared by the kernel when the thread has exited (CLONE_CHILD_CLEARTID).
+    tid: *const AtomicU32,
+    #[cfg(not(target_arch = "x86_64"))]
+    std: Option<std::thread::JoinHandle<()>>,
+}
+
+// SAFETY: the handle is an address range and a pointer into it; the thread itself owns nothing
+// the handle exposes, and join only reads an atomic.
+unsafe impl Send for EngineThread {}
+// SAFETY: as above.
+unsafe impl Sync for EngineThread {}
+
+struct Start {
+    name: [u8; 16],
+    body: Box<dyn FnOnce() + Send>,
+}
+
+extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `arg` is the Box<Start> that spawn leaked for this thread, taken once.
+    let start = unsafe { Box::from_raw(arg as *mut Start) };
+    // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
+    let _ = unsafe {
+        raw::call(
+            libc::SYS_prctl,
+            [libc::PR_SET_NAME as usize, start.name.as_ptr() as usize, 0, 0, 0, 0],
+        )
+    };
+    let body = start.body;
+    // A panic must not unwind out of this C entry point; the body reports its own.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
+    0
+}
+
+/// Starts an engine thread named `name` (at most 15 bytes shown) running `body`, with every
+/// signal blocked. Allocates nothing through the program's allocator.
+pub fn spawn(name: &str, body: Box<dyn FnOnce() + Send>) -> io::Result<EngineThread> {
+    let mut n = [0u8; 16];
+    for (d, s) in n.iter_mut().zip(name.bytes().take(15)) {
+        *d = s;
+    }
+    spawn_impl(Start { name: n, body })
+}
+
+/// Every signal blocked on the calling thread until dropped (then the old mask is back). All 64
+/// bits: glibc's `sigfillset` leaves out the two signals glibc keeps for itself, which an engine
+/// thread must not take either.
+struct Blocked(u64);
+
+impl Blocked {
+    fn all() -> Blocked {
+        let all = u64::MAX;
+        let mut old = 0u64;
+        // SAFETY: rt_sigprocmask reads `all` and writes `old`, both 8-byte kernel sigsets.
+        let _ = unsafe {
+            raw::call(
+                libc::SYS_rt_sigprocmask,
+                [
+                    libc::SIG_SETMASK as usize,
+                    &all as *const u64 as usize,
+                    &mut old as *mut u64 as usize,
+                    8,
+                    0,
+                    0,
+                ],
+            )
+        };
+        Blocked(old)
     }
 }
 
-/// Waits until `a` or `b` is readable. Returns `(a_ready, b_ready)`; EINTR reports neither.
-pub fn poll2(a: RawFd, b: RawFd) -> io::Result<(bool, bool)> {
-    let mut fds = [
-        libc::pollfd {
-            fd: a,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-        libc::pollfd {
-            fd: b,
-            events: libc::POLLIN,
-            revents: 0,
-        },
-    ];
-    // SAFETY: `fds` is a valid array of two pollfd structs for the duration of the call.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), 2, -1) };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() == Some(libc::EINTR) {
-            return Ok((false, false));
-        }
+impl Drop for Blocked {
+    fn drop(&mut self) {
+        // SAFETY: restores the mask saved by `all`.
+        let _ = unsafe {
+            raw::call(
+                libc::SYS_rt_sigprocmask,
+                [libc::SIG_SETMASK as usize, &self.0 as *const u64 as usize, 0, 8, 0, 0],
+            )
+        };
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+fn spawn_impl(start: Start) -> io::Result<EngineThread> {
+    let layout = match LAYOUT.get_or_init(read_layout) {
+        Ok(l) => l,
+        Err(why) => return Err(io::Error::other(*why)),
+    };
+    let tls = layout.below.next_multiple_of(layout.align);
+    let dtv_bytes = (DTV_SLOTS + 2) * 16;
+    let len = (PAGE_SIZE + STACK + tls + TCB + dtv_bytes + PAGE_SIZE).next_multiple_of(PAGE_SIZE);
+    let block = mman::map_private(len, true)?;
+    // The lowest page is the stack's guard.
+    if let Err(e) = mman::protect(block, PAGE_SIZE, libc::PROT_NONE) {
+        let _ = mman::unmap(block, len);
         return Err(e);
     }
-    let ready = |p: &libc::pollfd| p.revents & (libc::POLLIN | libc::POLLERR | libc::POLLHUP) != 0;
-    Ok((ready(&fds[0]), ready(&fds[1])))
+    let tp = (block + PAGE_SIZE + STACK + tls).next_multiple_of(layout.align);
+    let dtv = tp + TCB;
+    let tid = dtv + dtv_bytes;
+    // SAFETY: [block, block + len) is our fresh zeroed read-write mapping (but its guard page);
+    // every write below lands inside it: module blocks end at tp (offset >= memsz), the DTV and
+    // the tid word are above the TCB.
+    unsafe {
+        for m in &layout.modules[..layout.n] {
+            std::ptr::copy_nonoverlapping(m.image as *const u8, (tp - m.offset) as *mut u8, m.filesz);
+        }
+        let slots = dtv as *mut [usize; 2];
+        (*slots)[0] = DTV_SLOTS; // dtv[-1].counter: slots allocated
+                                 // dtv[0].counter: the TLS generation. The creating thread just touched thread-locals
+                                 // through __tls_get_addr, which brought its own vector up to date.
+        let creator_dtv = tcb_word(8) as *const usize;
+        (*slots.add(1))[0] = *creator_dtv;
+        for i in 1..=DTV_SLOTS {
+            (*slots.add(1 + i))[0] = DTV_UNALLOCATED;
+        }
+        for m in &layout.modules[..layout.n] {
+            if m.modid <= DTV_SLOTS {
+                *slots.add(1 + m.modid) = [tp - m.offset, 0];
+            }
+        }
+        let tcb = tp as *mut usize;
+        *tcb = tp; // header.tcb
+        *tcb.add(1) = dtv + 16; // header.dtv points at dtv[0]
+        *tcb.add(2) = tp; // header.self
+        *(tp as *mut u32).add(6) = 1; // header.multiple_threads
+        *tcb.add(5) = tcb_word(0x28); // header.stack_guard
+        *tcb.add(6) = tcb_word(0x30); // header.pointer_guard
+    }
+    let arg = Box::into_raw(Box::new(start)) as *mut libc::c_void;
+    let flags = libc::CLONE_VM
+        | libc::CLONE_FS
+        | libc::CLONE_FILES
+        | libc::CLONE_SIGHAND
+        | libc::CLONE_THREAD
+        | libc::CLONE_SYSVSEM
+        | libc::CLONE_SETTLS
+        | libc::CLONE_PARENT_SETTID
+        | libc::CLONE_CHILD_CLEARTID;
+    let stack_top = (block + PAGE_SIZE + STACK) & !15;
+    let rc = {
+        let _mask = Blocked::all();
+        // SAFETY: glibc's clone(2) wrapper runs `entry(arg)` on the new stack and exits the
+        // thread when it returns. The thread shares our memory (CLONE_VM) and gets `tp` as its
+        // thread pointer; the kernel writes its tid to `tid` now and clears it (with a futex
+        // wake) when the thread is gone. It inherits the all-blocked signal mask.
+        unsafe { libc::clone(entry, stack_top as *mut libc::c_void, flags, arg, tid, tp, tid) }
+    };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        // SAFETY: the thread was not created: the Box is still ours.
+        drop(unsafe { Box::from_raw(arg as *mut Start) });
+        let _ = mman::unmap(block, len);
+        return Err(e);
+    }
+    Ok(EngineThread {
+        block,
+        len,
+        tid: tid as *const AtomicU32,
+    })
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn spawn_impl(start: Start) -> io::Result<EngineThread> {
+    let _mask = Blocked::all();
+    let h = std::thread::Builder::new()
+        .name(String::from_utf8_lossy(&start.name).trim_end_matches('\0').to_string())
+        .spawn(start.body)?;
+    Ok(EngineThread {
+        block: 0,
+        len: 0,
+        tid: std::ptr::null(),
+        std: Some(h),
+    })
+}
+
+impl EngineThread {
+    /// The thread's kernel id, 0 once it has exited.
+    pub fn tid(&self) -> u32 {
+        if self.tid.is_null() {
+            return 0;
+        }
+        // SAFETY: `tid` points into the thread's block, mapped until join frees it.
+        unsafe { &*self.tid }.load(Acquire)
+    }
+
+    /// Waits for the thread to exit, then frees its stack and TLS.
+    pub fn join(self) {
+        #[cfg(not(target_arch = "x86_64"))]
+        if let Some(h) = self.std {
+            let _ = h.join();
+            return;
+        }
+        loop {
+            let t = self.tid();
+            if t == 0 {
+                break;
+            }
+            // SAFETY: FUTEX_WAIT on the tid word while it still holds `t`; the kernel wakes us
+            // when it clears the word at the thread's exit.
+            let _ = unsafe {
+                raw::call(
+                    libc::SYS_futex,
+                    [self.tid as usize, libc::FUTEX_WAIT as usize, t as usize, 0, 0, 0],
+                )
+            };
+        }
+        let _ = mman::unmap(self.block, self.len);
+    }
 }
 
 /// Puts the calling thread in SCHED_IDLE, so that it runs only on otherwise idle CPUs.
@@ -64,11 +387,23 @@ pub fn poll2(a: RawFd, b: RawFd) -> io::Result<(bool, bool)> {
 pub fn make_idle() -> &'static str {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
-    if unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } == 0 {
+    let idle = unsafe {
+        raw::call(
+            libc::SYS_sched_setscheduler,
+            [0, libc::SCHED_IDLE as usize, &param as *const _ as usize, 0, 0, 0],
+        )
+    };
+    if idle.is_ok() {
         return "SCHED_IDLE";
     }
     // SAFETY: setpriority on our own thread id.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, gettid() as libc::id_t, 19) } == 0 {
+    let nice = unsafe {
+        raw::call(
+            libc::SYS_setpriority,
+            [libc::PRIO_PROCESS as usize, gettid() as usize, 19, 0, 0, 0],
+        )
+    };
+    if nice.is_ok() {
         return "nice 19";
     }
     "normal"
@@ -76,8 +411,8 @@ pub fn make_idle() -> &'static str {
 
 /// The kernel thread id of the caller, as userfaultfd reports it with THREAD_ID.
 pub fn gettid() -> u32 {
-    // SAFETY: gettid has no preconditions.
-    unsafe { libc::gettid() as u32 }
+    // SAFETY: gettid has no arguments and no side effect.
+    unsafe { raw::syscall(libc::SYS_gettid, [0; 6]) as u32 }
 }
 
 /// User and system CPU time of the whole process so far (getrusage RUSAGE_SELF).
@@ -108,13 +443,11 @@ pub fn loadavg_1min() -> Option<f64> {
 pub struct ThreadClock(libc::clockid_t);
 
 impl ThreadClock {
-    /// The clock of the calling thread.
+    /// The clock of the calling thread, by its tid (the kernel's CPUCLOCK_PERTHREAD encoding,
+    /// as glibc's pthread_getcpuclockid computes it), so that it works on engine threads too.
     pub fn current() -> ThreadClock {
-        let mut id: libc::clockid_t = libc::CLOCK_THREAD_CPUTIME_ID;
-        // SAFETY: pthread_self() is the calling thread, alive during the call; `id` is a valid
-        // out-pointer. On failure `id` keeps CLOCK_THREAD_CPUTIME_ID (the reader's own clock).
-        unsafe { libc::pthread_getcpuclockid(libc::pthread_self(), &mut id) };
-        ThreadClock(id)
+        let tid = gettid() as libc::clockid_t;
+        ThreadClock((!tid << 3) | 4 | 2)
     }
 
     /// CPU time used so far. Only meaningful while the thread lives.
@@ -122,7 +455,12 @@ impl ThreadClock {
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: `ts` is a valid timespec to write into; a stale clock id yields EINVAL and
         // leaves `ts` zero.
-        unsafe { libc::clock_gettime(self.0, &mut ts) };
+        let _ = unsafe {
+            raw::call(
+                libc::SYS_clock_gettime,
+                [self.0 as usize, &mut ts as *mut libc::timespec as usize, 0, 0, 0, 0],
+            )
+        };
         Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
     }
 }
@@ -148,5 +486,84 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 /// of a descriptor whose owning object is leaked).
 pub fn close_fd(fd: RawFd) {
     // SAFETY: the caller guarantees no live owner will use or close `fd` again.
-    unsafe { libc::close(fd) };
+    let _ = unsafe { raw::call(libc::SYS_close, [fd as usize, 0, 0, 0, 0, 0]) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::Cell;
+    use std::sync::atomic::{AtomicU64, AtomicUsize};
+    use std::sync::Arc;
+
+    thread_local! {
+        static SEVEN: Cell<u64> = const { Cell::new(7) };
+    }
+
+    fn run(name: &str, body: impl FnOnce() + Send + 'static) -> u32 {
+        let t = spawn(name, Box::new(body)).unwrap();
+        let tid = t.tid();
+        t.join();
+        tid
+    }
+
+    #[test]
+    fn engine_threads_start_with_every_signal_blocked() {
+        let blocked = Arc::new(AtomicU64::new(0));
+        let b = blocked.clone();
+        run("zf-test-sig", move || {
+            let mut cur = 0u64;
+            // SAFETY: rt_sigprocmask with no new set only writes the current 8-byte mask.
+            unsafe { raw::call(libc::SYS_rt_sigprocmask, [0, 0, &mut cur as *mut u64 as usize, 8, 0, 0]) }.unwrap();
+            b.store(cur, Relaxed);
+        });
+        // Every signal but SIGKILL and SIGSTOP, which cannot be blocked.
+        let unblockable = (1u64 << (libc::SIGKILL - 1)) | (1u64 << (libc::SIGSTOP - 1));
+        assert_eq!(blocked.load(Relaxed) | unblockable, u64::MAX);
+        // The creating thread's mask is as it was.
+        let mut cur = 0u64;
+        // SAFETY: as above.
+        unsafe { raw::call(libc::SYS_rt_sigprocmask, [0, 0, &mut cur as *mut u64 as usize, 8, 0, 0]) }.unwrap();
+        assert_ne!(cur | unblockable, u64::MAX);
+    }
+
+    #[test]
+    fn thread_locals_and_errno_are_the_threads_own() {
+        SEVEN.with(|c| c.set(9));
+        // SAFETY: errno is thread-local.
+        unsafe { *libc::__errno_location() = 5 };
+        let seen = Arc::new(AtomicU64::new(0));
+        let s = seen.clone();
+        run("zf-test-tls", move || {
+            let first = SEVEN.with(|c| c.get());
+            SEVEN.with(|c| c.set(8));
+            // SAFETY: errno is thread-local.
+            unsafe { *libc::__errno_location() = 77 };
+            // SAFETY: as above.
+            let e = unsafe { *libc::__errno_location() } as u64;
+            s.store(first * 1000 + SEVEN.with(|c| c.get()) * 100 + e, Relaxed);
+        });
+        assert_eq!(
+            seen.load(Relaxed),
+            7000 + 800 + 77,
+            "initial value, own copy, own errno"
+        );
+        assert_eq!(SEVEN.with(|c| c.get()), 9);
+        // SAFETY: as above.
+        assert_eq!(unsafe { *libc::__errno_location() }, 5);
+    }
+
+    #[test]
+    fn a_panic_ends_only_the_thread_and_the_name_is_set() {
+        let name = Arc::new(AtomicUsize::new(0));
+        let n = name.clone();
+        run("zf-test-name", move || {
+            let comm = std::fs::read_to_string("/proc/thread-self/comm").unwrap();
+            n.store((comm.trim() == "zf-test-name") as usize, Relaxed);
+        });
+        assert_eq!(name.load(Relaxed), 1);
+        let tid = run("zf-test-panic", || panic!("on purpose"));
+        assert!(tid > 0);
+        assert!(!std::path::Path::new(&format!("/proc/self/task/{tid}")).exists());
+    }
 }

@@ -10,8 +10,9 @@
 //! pending non-cooperative event: `mmap_changing`). Only the bytes actually installed are woken.
 //! [`Progress`] carries both numbers so that the caller decides what to skip and what to retry.
 
+use super::raw::{self, Errno};
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::fd::RawFd;
 
 /// The API version handshake constant, `UFFD_API`.
 const UFFD_API: u64 = 0xAA;
@@ -192,75 +193,197 @@ struct UffdioZeropage {
     result: i64,
 }
 
+/// A descriptor the engine owns, closed on drop only while it is still the file the engine
+/// opened: a program may close descriptors it does not know (`closefrom`, `close_range`) and
+/// get the number back for a file of its own, which the engine must then never read, ioctl or
+/// close.
+#[derive(Debug)]
+pub struct Fd {
+    fd: RawFd,
+    /// `(st_dev, st_ino)` at open: each userfaultfd has an inode of its own.
+    id: (u64, u64),
+}
+
+/// `(st_dev, st_ino)` of an open descriptor.
+fn file_id(fd: RawFd) -> Result<(u64, u64), Errno> {
+    // SAFETY: an all-zero stat is a valid value to be overwritten.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat writes one `struct stat` into `st`.
+    unsafe {
+        raw::call(
+            libc::SYS_fstat,
+            [fd as usize, &mut st as *mut libc::stat as usize, 0, 0, 0, 0],
+        )
+    }?;
+    Ok((st.st_dev, st.st_ino))
+}
+
+/// The descriptor number a new engine descriptor is moved to: high, below both the soft
+/// RLIMIT_NOFILE and 1024, so that programs that hand out low numbers themselves (`dup2(x, 3)`)
+/// or assume them do not meet it.
+fn high_fd_floor() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64(0, RLIMIT_NOFILE, NULL, &lim) reads our own limit into `lim`.
+    let r = unsafe {
+        raw::call(
+            libc::SYS_prlimit64,
+            [
+                0,
+                libc::RLIMIT_NOFILE as usize,
+                0,
+                &mut lim as *mut libc::rlimit as usize,
+                0,
+                0,
+            ],
+        )
+    };
+    let soft = if r.is_ok() { lim.rlim_cur as usize } else { 1024 };
+    soft.min(1024).saturating_sub(1)
+}
+
+impl Fd {
+    /// Takes a fresh descriptor, moved to a high number where one is free.
+    fn adopt(fd: RawFd) -> Result<Fd, Errno> {
+        let mut fd = fd;
+        let floor = high_fd_floor();
+        if (fd as usize) < floor {
+            // SAFETY: F_DUPFD_CLOEXEC duplicates our own descriptor to the lowest free number at
+            // or above `floor`.
+            let dup = unsafe {
+                raw::call(
+                    libc::SYS_fcntl,
+                    [fd as usize, libc::F_DUPFD_CLOEXEC as usize, floor, 0, 0, 0],
+                )
+            };
+            if let Ok(d) = dup {
+                close_raw(fd);
+                fd = d as RawFd;
+            }
+        }
+        match file_id(fd) {
+            Ok(id) => Ok(Fd { fd, id }),
+            Err(e) => {
+                close_raw(fd);
+                Err(e)
+            }
+        }
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.fd
+    }
+
+    /// Whether the number still names the file the engine opened.
+    pub fn still_ours(&self) -> bool {
+        file_id(self.fd) == Ok(self.id)
+    }
+}
+
+fn close_raw(fd: RawFd) {
+    // SAFETY: closes a descriptor the caller owns; nothing else is touched.
+    let _ = unsafe { raw::call(libc::SYS_close, [fd as usize, 0, 0, 0, 0, 0]) };
+}
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        if self.still_ours() {
+            close_raw(self.fd);
+        }
+    }
+}
+
 /// An open, handshaken userfaultfd (non-blocking, close-on-exec).
 #[derive(Debug)]
 pub struct Uffd {
-    fd: OwnedFd,
+    fd: Fd,
     features: Features,
-}
-
-fn errno() -> i32 {
-    io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO)
 }
 
 /// Opens a raw userfaultfd: /dev/userfaultfd first (works for non-root users given access to
 /// the device), then the syscall (root, or `vm.unprivileged_userfaultfd=1`). Never with
 /// `UFFD_USER_MODE_ONLY`: faults taken inside the kernel (a `read()` into fresh memory) must
 /// reach us too, or those syscalls would fail with EFAULT.
-fn open_raw() -> Result<OwnedFd, UffdError> {
-    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-    // SAFETY: open() with a NUL-terminated literal path; the result is checked before use.
-    let dev = unsafe { libc::open(c"/dev/userfaultfd".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    let dev_err = if dev >= 0 {
-        // SAFETY: `dev` is the descriptor we just opened and own.
-        let dev = unsafe { OwnedFd::from_raw_fd(dev) };
-        // SAFETY: USERFAULTFD_IOC_NEW takes an int of open flags and returns a new fd or -1.
-        let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) };
-        if fd >= 0 {
-            // SAFETY: the ioctl returned a fresh descriptor that nobody else owns.
-            return Ok(unsafe { OwnedFd::from_raw_fd(fd) });
-        }
-        io::Error::last_os_error()
-    } else {
-        io::Error::last_os_error()
+fn open_raw() -> Result<RawFd, UffdError> {
+    let flags = (libc::O_CLOEXEC | libc::O_NONBLOCK) as usize;
+    let path = c"/dev/userfaultfd";
+    // SAFETY: openat() with a NUL-terminated literal path; the result is checked before use.
+    let dev = unsafe {
+        raw::call(
+            libc::SYS_openat,
+            [
+                libc::AT_FDCWD as usize,
+                path.as_ptr() as usize,
+                (libc::O_RDWR | libc::O_CLOEXEC) as usize,
+                0,
+                0,
+                0,
+            ],
+        )
     };
-    // SAFETY: userfaultfd(2) takes one int of flags and returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
-    if fd >= 0 {
-        // SAFETY: the syscall returned a fresh descriptor that nobody else owns.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
+    let dev_err = match dev {
+        Ok(dev) => {
+            // SAFETY: USERFAULTFD_IOC_NEW takes an int of open flags and returns a new fd.
+            let fd = unsafe { raw::call(libc::SYS_ioctl, [dev, USERFAULTFD_IOC_NEW as usize, flags, 0, 0, 0]) };
+            close_raw(dev as RawFd);
+            match fd {
+                Ok(fd) => return Ok(fd as RawFd),
+                Err(e) => e,
+            }
+        }
+        Err(e) => e,
+    };
+    // SAFETY: userfaultfd(2) takes one int of flags and returns a new fd.
+    match unsafe { raw::call(libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0]) } {
+        Ok(fd) => Ok(fd as RawFd),
+        Err(e) => Err(UffdError::Open {
+            dev: dev_err.to_io(),
+            syscall: e.to_io(),
+        }),
     }
-    Err(UffdError::Open {
-        dev: dev_err,
-        syscall: io::Error::last_os_error(),
-    })
 }
 
 /// UFFDIO_API on `fd`, asking for `features`; returns what the kernel offers.
-fn handshake(fd: &OwnedFd, features: u64) -> io::Result<u64> {
+fn handshake(fd: RawFd, features: u64) -> Result<u64, Errno> {
     let mut api = UffdioApi {
         api: UFFD_API,
         features,
         ioctls: 0,
     };
     // SAFETY: UFFDIO_API reads and writes a `struct uffdio_api`, which `api` is (repr(C)).
-    let rc = unsafe { libc::ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api) };
-    if rc != 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { ioctl(fd, UFFDIO_API, &mut api as *mut UffdioApi as usize) }?;
     Ok(api.features)
+}
+
+/// ioctl(2) as a raw system call.
+///
+/// # Safety
+/// `arg` must be what request `req` reads and writes.
+unsafe fn ioctl(fd: RawFd, req: libc::c_ulong, arg: usize) -> Result<usize, Errno> {
+    // SAFETY: the caller passes the argument the request expects.
+    unsafe { raw::call(libc::SYS_ioctl, [fd as usize, req as usize, arg, 0, 0, 0]) }
 }
 
 impl Uffd {
     /// Opens a userfaultfd with every feature of [`Features::WANTED`] the kernel offers.
     ///
     /// The API handshake may be done once per descriptor, so a first descriptor asks for nothing
-    /// and learns what is offered, and a second one asks for the subset we want.
+    /// and learns what is offered, and a second one asks for the subset we want. Only the second
+    /// stays open.
     pub fn open() -> Result<Uffd, UffdError> {
-        let offered = handshake(&open_raw()?, 0).map_err(UffdError::Api)?;
+        let probe = open_raw()?;
+        let offered = handshake(probe, 0);
+        close_raw(probe);
+        let offered = offered.map_err(|e| UffdError::Api(e.to_io()))?;
         let fd = open_raw()?;
         let want = offered & Features::WANTED;
-        handshake(&fd, want).map_err(UffdError::Api)?;
+        if let Err(e) = handshake(fd, want) {
+            close_raw(fd);
+            return Err(UffdError::Api(e.to_io()));
+        }
+        let fd = Fd::adopt(fd).map_err(|e| UffdError::Api(e.to_io()))?;
         Ok(Uffd {
             fd,
             features: Features(want),
@@ -272,27 +395,29 @@ impl Uffd {
         self.features
     }
 
-    /// The descriptor, for poll(2).
+    /// The descriptor number.
     pub fn raw_fd(&self) -> RawFd {
-        self.fd.as_raw_fd()
+        self.fd.raw()
     }
 
-    fn range_ioctl(&self, req: libc::c_ulong, start: usize, len: usize) -> io::Result<()> {
+    /// Whether the descriptor still is this userfaultfd (the program did not close it).
+    pub fn still_ours(&self) -> bool {
+        self.fd.still_ours()
+    }
+
+    fn range_ioctl(&self, req: libc::c_ulong, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRange {
             start: start as u64,
             len: len as u64,
         };
         // SAFETY: UNREGISTER and WAKE take a `struct uffdio_range`, which `r` is (repr(C)).
         // The kernel validates the range itself; no memory of ours is accessed through it.
-        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), req, &mut r) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        unsafe { ioctl(self.raw_fd(), req, &mut r as *mut UffdioRange as usize) }?;
         Ok(())
     }
 
     /// Registers `[start, start + len)` (page aligned) for missing-page faults.
-    pub fn register(&self, start: usize, len: usize) -> io::Result<()> {
+    pub fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRegister {
             range: UffdioRange {
                 start: start as u64,
@@ -302,21 +427,18 @@ impl Uffd {
             ioctls: 0,
         };
         // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register`, which `r` is.
-        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_REGISTER, &mut r) };
-        if rc != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        unsafe { ioctl(self.raw_fd(), UFFDIO_REGISTER, &mut r as *mut UffdioRegister as usize) }?;
         Ok(())
     }
 
     /// Unregisters `[start, start + len)`: the kernel serves its faults natively from now on,
     /// and threads blocked on faults there are woken. Pages already present stay.
-    pub fn unregister(&self, start: usize, len: usize) -> io::Result<()> {
+    pub fn unregister(&self, start: usize, len: usize) -> Result<(), Errno> {
         self.range_ioctl(UFFDIO_UNREGISTER, start, len)
     }
 
     /// Wakes threads blocked on faults in `[start, start + len)`; they retry their access.
-    pub fn wake(&self, start: usize, len: usize) -> io::Result<()> {
+    pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         self.range_ioctl(UFFDIO_WAKE, start, len)
     }
 
@@ -332,9 +454,8 @@ impl Uffd {
         // layout of `UffdioTransfer` (repr(C)). The kernel checks that dst lies in a range
         // registered with this descriptor and that src is readable (COPY) or movable (MOVE);
         // MOVE takes the source pages away from `src`, which callers own (the pool).
-        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), req, &mut t) };
-        let err = if rc != 0 { Some(errno()) } else { None };
-        progress(len, t.result, err)
+        let r = unsafe { ioctl(self.raw_fd(), req, &mut t as *mut UffdioTransfer as usize) };
+        progress(len, t.result, r.err().map(|e| e.0))
     }
 
     /// UFFDIO_COPY `len` bytes from `src` into the missing pages at `dst`.
@@ -359,26 +480,46 @@ impl Uffd {
             result: 0,
         };
         // SAFETY: UFFDIO_ZEROPAGE reads and writes a `struct uffdio_zeropage`, which `z` is.
-        let rc = unsafe { libc::ioctl(self.fd.as_raw_fd(), UFFDIO_ZEROPAGE, &mut z) };
-        let err = if rc != 0 { Some(errno()) } else { None };
-        progress(len, z.result, err)
+        let r = unsafe { ioctl(self.raw_fd(), UFFDIO_ZEROPAGE, &mut z as *mut UffdioZeropage as usize) };
+        progress(len, z.result, r.err().map(|e| e.0))
     }
 
     /// Reads as many pending messages as fit in `buf` without blocking. Returns 0 when none is
     /// pending.
-    pub fn read(&self, buf: &mut [RawMsg]) -> io::Result<usize> {
+    pub fn read(&self, buf: &mut [RawMsg]) -> Result<usize, Errno> {
         let bytes = std::mem::size_of_val(buf);
         // SAFETY: `buf` is valid for writes of `bytes` bytes; RawMsg is plain old data for which
         // every bit pattern is valid, and the kernel writes whole 32-byte messages.
-        let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), bytes) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            if e.raw_os_error() == Some(libc::EAGAIN) {
-                return Ok(0);
-            }
-            return Err(e);
+        let r = unsafe {
+            raw::call(
+                libc::SYS_read,
+                [self.raw_fd() as usize, buf.as_mut_ptr() as usize, bytes, 0, 0, 0],
+            )
+        };
+        match r {
+            Ok(n) if n % std::mem::size_of::<RawMsg>() == 0 => Ok(n / std::mem::size_of::<RawMsg>()),
+            // Not a userfaultfd's answer: the number names another file now.
+            Ok(_) => Err(Errno(libc::EBADF)),
+            Err(Errno(libc::EAGAIN)) => Ok(0),
+            Err(e) => Err(e),
         }
-        Ok(n as usize / std::mem::size_of::<RawMsg>())
+    }
+
+    /// Blocks until a message is pending (or the descriptor is closed or broken). EINTR counts as
+    /// ready: the caller reads, finds nothing, and waits again.
+    pub fn wait(&self) -> Result<(), Errno> {
+        let mut p = libc::pollfd {
+            fd: self.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: ppoll on one valid pollfd, no timeout, no signal mask change.
+        let r = unsafe { raw::call(libc::SYS_ppoll, [&mut p as *mut libc::pollfd as usize, 1, 0, 0, 0, 0]) };
+        match r {
+            Ok(_) if p.revents & libc::POLLNVAL != 0 => Err(Errno(libc::EBADF)),
+            Ok(_) | Err(Errno(libc::EINTR)) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 }
 
