@@ -85,7 +85,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let (mut counted, mut last_count) = (Duration::ZERO, Instant::now());
     // Until the doorbell rings: a stop is only orderly once every fault queued before it was
     // answered.
-    while !h.rung {
+    while !h.rung && h.fatal.is_none() {
         if let Some(m) = h.queue.pop_front() {
             h.handle_counted(m);
             continue;
@@ -109,6 +109,10 @@ pub(crate) fn run(shared: Arc<Shared>) {
         for m in &buf[..n] {
             h.handle_counted(m.decode());
         }
+    }
+    if let Some(e) = h.fatal {
+        Stats::add(&shared.stats.fail_opens, 1);
+        Stats::add(&shared.stats.fail_open_errno, e as u64);
     }
     let now = clock.read();
     Stats::add(
@@ -152,6 +156,9 @@ struct Handler<'a> {
     events: u64,
     /// The doorbell rang: the engine is being dropped.
     rung: bool,
+    /// An errno no install expects (EPERM under a seccomp filter, EBADF, ...): the handler stops
+    /// and fails open.
+    fatal: Option<i32>,
 }
 
 impl<'a> Handler<'a> {
@@ -184,11 +191,37 @@ impl<'a> Handler<'a> {
             seq: 0,
             events: 0,
             rung: false,
+            fatal: None,
         }
     }
 
     fn stats(&self) -> &'a Stats {
         &self.shared.stats
+    }
+
+    /// Checks an ioctl's errno: the ones an install can meet in a healthy engine (see
+    /// [`benign`]) are the caller's to handle; any other stops the handler, which then fails
+    /// open: closing the userfaultfd wakes every blocked fault, and the kernel serves them.
+    fn note_errno(&mut self, e: i32) {
+        if !benign(e) && self.fatal.is_none() {
+            self.fatal = Some(e);
+        }
+    }
+
+    /// [`Self::note_errno`] for an install's progress, passed through.
+    fn note(&mut self, p: Progress) -> Progress {
+        if let Some(e) = p.errno {
+            self.note_errno(e);
+        }
+        p
+    }
+
+    /// Wakes the thread faulting at `page_addr`. A wake cannot fail in a healthy engine: if it
+    /// does, the thread would sleep for ever, so the handler fails open.
+    fn wake(&mut self, page_addr: usize) {
+        if let Err(e) = self.uffd.wake(page_addr, PAGE_SIZE) {
+            self.fatal.get_or_insert(e.0);
+        }
     }
 
     /// [`Self::handle`] inside the `handling` bracket that [`crate::Engine::stats`] waits on.
@@ -199,6 +232,9 @@ impl<'a> Handler<'a> {
     }
 
     fn handle(&mut self, m: Msg) {
+        if self.fatal.is_some() {
+            return; // failing open: the kernel answers everything from here
+        }
         let seq = self.seq;
         let stats = self.stats();
         match m {
@@ -223,8 +259,9 @@ impl<'a> Handler<'a> {
         let page_addr = addr & !(PAGE_SIZE - 1);
         if page_addr == self.shared.doorbell {
             // Engine::drop rang: answer it, and stop.
-            let _ = self.uffd.zeropage(page_addr, PAGE_SIZE);
-            let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+            let p = self.uffd.zeropage(page_addr, PAGE_SIZE);
+            self.note(p);
+            self.wake(page_addr);
             self.rung = true;
             return;
         }
@@ -283,7 +320,7 @@ impl<'a> Handler<'a> {
         if let Some((lo, hi)) = handback {
             if self.hand_back(&range, lo, hi) && range.map.is_claimed(page) {
                 // The faulting page went back to the kernel with the rest: let it fault natively.
-                let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+                self.wake(page_addr);
                 return;
             }
         }
@@ -317,7 +354,7 @@ impl<'a> Handler<'a> {
         }
         self.runs = runs;
         if !woken {
-            let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+            self.wake(page_addr);
         }
         if w.outcome == Outcome::Hit && write {
             self.want_pool();
@@ -342,7 +379,8 @@ impl<'a> Handler<'a> {
     fn hand_back(&mut self, range: &Arc<Range>, lo: u64, hi: u64) -> bool {
         let (first, end) = handback_span(lo, hi, range.pages);
         let (addr, len) = (range.addr_of(first), (end - first) as usize * PAGE_SIZE);
-        if self.uffd.unregister(addr, len).is_err() {
+        if let Err(e) = self.uffd.unregister(addr, len) {
+            self.note_errno(e.0);
             return false;
         }
         range.map.set(first, end - first);
@@ -361,7 +399,7 @@ impl<'a> Handler<'a> {
         if p != Done::All {
             Stats::add(&self.stats().install_errors, 1);
         }
-        let _ = self.uffd.wake(page_addr, PAGE_SIZE);
+        self.wake(page_addr);
     }
 
     /// Reads pending messages: events are applied now, faults queued. Called when an install
@@ -370,7 +408,13 @@ impl<'a> Handler<'a> {
         Stats::add(&self.stats().drained_for_events, 1);
         let mut buf = [RawMsg::default(); BATCH];
         self.seq = self.shared.ranges.seq();
-        let n = self.uffd.read(&mut buf).unwrap_or(0);
+        let n = match self.uffd.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                self.note_errno(e.0);
+                0
+            }
+        };
         for m in &buf[..n] {
             match m.decode() {
                 f @ Msg::PageFault { .. } => self.queue.push_back(f),
@@ -545,13 +589,13 @@ impl<'a> Handler<'a> {
                 errno: Some(e.raw_os_error().unwrap_or(libc::ENOMEM)),
             };
         }
-        let mut p = self.uffd.move_pages(dst, addr, PMD_SIZE);
+        let mut p = self.note(self.uffd.move_pages(dst, addr, PMD_SIZE));
         // EAGAIN without progress: an event is pending (mmap_changing); apply it and retry.
         let mut retries = 0;
         while p.done == 0 && p.errno == Some(libc::EAGAIN) && retries < EVENT_RETRIES {
             retries += 1;
             self.drain_events();
-            p = self.uffd.move_pages(dst, addr, PMD_SIZE);
+            p = self.note(self.uffd.move_pages(dst, addr, PMD_SIZE));
         }
         Stats::add(&self.stats().pages_moved, (p.done / PAGE_SIZE) as u64);
         if p.errno.is_none() && p.done == PMD_SIZE {
@@ -608,7 +652,7 @@ impl<'a> Handler<'a> {
                         };
                     }
                     let n = rest.min(src_left);
-                    let p = h.uffd.move_pages(dst + seg_start + o, run.addr + used.get(), n);
+                    let p = h.note(h.uffd.move_pages(dst + seg_start + o, run.addr + used.get(), n));
                     used.set(used.get() + p.done);
                     moved += (p.done / PAGE_SIZE) as u64;
                     p
@@ -652,7 +696,7 @@ impl<'a> Handler<'a> {
         let done = self.install_loop(
             len,
             |h, o, rest| {
-                let p = h.uffd.copy(dst + o, zero, rest.min(ZeroSource::LEN));
+                let p = h.note(h.uffd.copy(dst + o, zero, rest.min(ZeroSource::LEN)));
                 copied += (p.done / PAGE_SIZE) as u64;
                 p
             },
@@ -677,7 +721,7 @@ impl<'a> Handler<'a> {
         let done = self.install_loop(
             len,
             |h, o, rest| {
-                let p = h.uffd.zeropage(dst + o, rest);
+                let p = h.note(h.uffd.zeropage(dst + o, rest));
                 mapped += (p.done / PAGE_SIZE) as u64;
                 p
             },
@@ -686,6 +730,28 @@ impl<'a> Handler<'a> {
         Stats::add(&self.stats().pages_zero_mapped, mapped);
         done
     }
+}
+
+/// Whether an install ioctl's errno is one a healthy engine meets: a page already present
+/// (EEXIST), a pending event or a race (EAGAIN), a hole or a destination gone with its mapping
+/// (ENOENT), a range unregistered or changed under us, or a move the kernel refuses between
+/// these two mappings (EINVAL: protection, mlock or registration differ), pages shared after a
+/// fork (EBUSY), the process exiting (ESRCH, EINTR), memory short (ENOMEM), a source it cannot
+/// move (EFAULT). Anything else (EPERM from a seccomp filter, EBADF, ENOTTY, ...) means the
+/// descriptor is no longer usable as ours.
+fn benign(e: i32) -> bool {
+    matches!(
+        e,
+        libc::EEXIST
+            | libc::EAGAIN
+            | libc::ENOENT
+            | libc::EINVAL
+            | libc::EBUSY
+            | libc::ESRCH
+            | libc::EINTR
+            | libc::ENOMEM
+            | libc::EFAULT
+    )
 }
 
 /// How [`Handler::move_from`] ended, with the byte offset reached.

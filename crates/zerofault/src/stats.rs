@@ -117,6 +117,11 @@ counters! {
     pages_forgotten,
     /// Installs retried after reading pending events (EAGAIN from mmap_changing).
     drained_for_events,
+    /// Times the handler failed open on an errno no install expects (then the kernel serves
+    /// every fault).
+    fail_opens,
+    /// The errno of the last such failure (0 if none).
+    fail_open_errno,
     /// Installs that failed (range gone, unregistered): the thread was woken to retry.
     install_errors,
     /// Faults outside every known region, served one page at a time.

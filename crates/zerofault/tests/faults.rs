@@ -454,3 +454,64 @@ fn dropping_the_engine_mid_fault_fails_open_and_the_program_finishes() {
     drop(r);
     println!("CHILD-OK");
 }
+
+/// Makes every later ioctl(2) of this process fail with EPERM, on all its threads (seccomp
+/// filter with TSYNC), as a sandboxing program would after start-up.
+fn forbid_ioctl() {
+    let filter = [
+        // A = syscall number
+        libc::sock_filter { code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, jt: 0, jf: 0, k: 0 },
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 1,
+            k: libc::SYS_ioctl as u32,
+        },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
+        },
+        libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+    ];
+    let prog = libc::sock_fprog {
+        len: filter.len() as u16,
+        filter: filter.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: PR_SET_NO_NEW_PRIVS, then seccomp(SET_MODE_FILTER, TSYNC) with a valid program
+    // that lives across the call.
+    unsafe {
+        assert_eq!(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), 0);
+        let r = libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_TSYNC,
+            &prog as *const libc::sock_fprog,
+        );
+        assert_eq!(r, 0, "seccomp: {}", std::io::Error::last_os_error());
+    }
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn an_ioctl_refused_by_seccomp_fails_open_and_the_program_finishes() {
+    const NAME: &str = "an_ioctl_refused_by_seccomp_fails_open_and_the_program_finishes";
+    if std::env::var(CHILD).is_err() {
+        let out = run_child(NAME, &[], Duration::from_secs(60));
+        assert!(out.contains("CHILD-OK"), "{out}");
+        return;
+    }
+    let e = Engine::new(Options::default()).unwrap();
+    let mut r = e.map(64 * MIB).unwrap();
+    let pages = 64 * MIB / PAGE_SIZE;
+    assert_eq!(touch_and_check(&mut r, 0..pages / 2), 0);
+    assert!(e.is_active());
+    forbid_ioctl();
+    // The handler's next install gets EPERM: it must fail open, not leave this thread asleep.
+    assert_eq!(touch_and_check(&mut r, pages / 2..pages), 0);
+    assert!(!e.is_active(), "the engine failed open");
+    let s = e.stats();
+    assert_eq!((s.fail_opens, s.fail_open_errno), (1, libc::EPERM as u64), "{}", s.to_text());
+    println!("CHILD-OK");
+}
