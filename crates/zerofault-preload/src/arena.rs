@@ -1,15 +1,31 @@
 //! The arena: one reserved address range from which large malloc-family blocks are carved, so
 //! that `free`, `realloc` and `malloc_usable_size` recognise them with a range check.
 //!
-//! Nothing here allocates: the free list is a fixed array of extents (in pages, sorted by
-//! address, coalesced on free) behind a spin lock that fork handlers can hold across a fork.
-//! A block is `[header page][user pages]`; the header sits in the last bytes before the user
-//! pointer. A freed block is `MADV_DONTNEED`ed before its pages return to the list, so every
-//! block handed out reads zero (calloc needs no memset) and the engine serves its first touch.
+//! ## Shape
+//! - The reservation is `PROT_NONE` and `MAP_NORESERVE`: address space only. The kernel never
+//!   populates it (not even for `mlockall(MCL_CURRENT)`), and it counts against no overcommit
+//!   budget. A block is made read-write when it is handed out and `PROT_NONE` again when it is
+//!   freed, as a native large block is mapped and unmapped: a use after free faults.
+//! - A block is `[header page][user pages]`; the [`Header`] sits in the last bytes before the
+//!   user pointer (for alignments above a page, slack pages come first).
+//! - The free list is a fixed array of extents (in pages, sorted by address, coalesced on free)
+//!   behind a spin lock that fork handlers hold across a fork. Nothing here allocates.
+//! - The live map: one bit per arena page, set on the header page of each live block (an atomic
+//!   `fetch_and` clears it on free, so of two frees of one block exactly one succeeds). A free of
+//!   a pointer whose bit is clear is a double free or a pointer the arena never returned: the
+//!   caller aborts, naming it, as glibc does. The map is a `MAP_NORESERVE` mapping touched only
+//!   where blocks are.
+//!
+//! ## Zero-ness
+//! Every page on the free list reads zero: it was never touched, or its block was discarded
+//! by an `MADV_DONTNEED` that succeeded, or (when that fails: an `mlock`ed block the program
+//! freed without unlocking, as freeing a native block unmaps and so unlocks it) the block was
+//! unlocked and discarded again, or, failing that too, written with zeros here. So a block
+//! handed out is zero, and `calloc` needs no memset: proved, never assumed.
 
-use std::sync::atomic::{AtomicBool, Ordering::*};
-
-use engine::sys::mman::PAGE_SIZE;
+use engine::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
 /// Extents the free list can hold; a free that would need more leaks its pages (counted).
 pub const MAX_EXTENTS: usize = 4096;
@@ -41,19 +57,41 @@ impl FreeList {
         self.leaked = 0;
     }
 
+    fn remove(&mut self, i: usize) {
+        self.start.copy_within(i + 1..self.n, i);
+        self.len.copy_within(i + 1..self.n, i);
+        self.n -= 1;
+    }
+
     /// First fit: the start of `pages` free pages, taken from the list.
     pub fn take(&mut self, pages: u64) -> Option<u64> {
         let i = (0..self.n).find(|&i| self.len[i] >= pages)?;
         let at = self.start[i];
         if self.len[i] == pages {
-            self.start.copy_within(i + 1..self.n, i);
-            self.len.copy_within(i + 1..self.n, i);
-            self.n -= 1;
+            self.remove(i);
         } else {
             self.start[i] += pages;
             self.len[i] -= pages;
         }
         Some(at)
+    }
+
+    /// Takes exactly `[at, at + pages)` if it is free and starts an extent (a block growing
+    /// into the free space right after it).
+    pub fn take_at(&mut self, at: u64, pages: u64) -> bool {
+        let Some(i) = (0..self.n).find(|&i| self.start[i] == at) else {
+            return false;
+        };
+        if self.len[i] < pages {
+            return false;
+        }
+        if self.len[i] == pages {
+            self.remove(i);
+        } else {
+            self.start[i] += pages;
+            self.len[i] -= pages;
+        }
+        true
     }
 
     /// Returns `[at, at + pages)` to the list, merged with its neighbours.
@@ -64,9 +102,7 @@ impl FreeList {
         match (joins_prev, joins_next) {
             (true, true) => {
                 self.len[i - 1] += pages + self.len[i];
-                self.start.copy_within(i + 1..self.n, i);
-                self.len.copy_within(i + 1..self.n, i);
-                self.n -= 1;
+                self.remove(i);
             }
             (true, false) => self.len[i - 1] += pages,
             (false, true) => {
@@ -94,6 +130,11 @@ impl FreeList {
 
     pub fn extents(&self) -> usize {
         self.n
+    }
+
+    /// Extent `i` as (first page, pages).
+    pub fn extent(&self, i: usize) -> (u64, u64) {
+        (self.start[i], self.len[i])
     }
 }
 
@@ -181,6 +222,241 @@ pub fn user_ptr(block: usize, align: usize) -> usize {
     (block + PAGE_SIZE).next_multiple_of(align)
 }
 
+/// Why a pointer handed to `free` or `realloc` is not a live block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Invalid;
+
+/// The reserved range, its free list and its live map.
+pub struct Arena {
+    base: usize,
+    len: usize,
+    free: Locked,
+    /// One bit per page, set on each live block's header page.
+    live: usize,
+    live_len: usize,
+}
+
+impl std::fmt::Debug for Arena {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Arena({:#x}+{:#x})", self.base, self.len)
+    }
+}
+
+impl Arena {
+    /// Reserves `len` bytes (rounded up to 2 MiB) of address space, 2 MiB aligned, with no
+    /// memory behind it.
+    pub fn new(len: usize) -> io::Result<Arena> {
+        let len = len.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
+        let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_NONE, true)?;
+        // 4 KiB pages: the engine moves whole huge pages into whole PMDs of its windows itself,
+        // and the kernel's own huge-page attempt on each fault would be wasted (~78 µs).
+        let _ = mman::madvise(base, len, mman::MADV_NOHUGEPAGE);
+        let pages = len / PAGE_SIZE;
+        let live_len = pages.div_ceil(8).next_multiple_of(PAGE_SIZE);
+        let live = match mman::map_private(live_len, true) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = mman::unmap(base, len);
+                return Err(e);
+            }
+        };
+        let a = Arena {
+            base,
+            len,
+            free: Locked::new(),
+            live,
+            live_len,
+        };
+        a.free.with(|f| f.reset(pages as u64));
+        Ok(a)
+    }
+
+    /// The reservation, as (address, length).
+    pub fn area(&self) -> (usize, usize) {
+        (self.base, self.len)
+    }
+
+    pub fn contains(&self, p: usize) -> bool {
+        (self.base..self.base + self.len).contains(&p)
+    }
+
+    /// The free list's lock, for the fork handlers.
+    pub fn lock(&self) -> &Locked {
+        &self.free
+    }
+
+    fn live_word(&self, page: u64) -> (&AtomicU64, u64) {
+        let w = (page / 64) as usize;
+        debug_assert!(w * 8 < self.live_len);
+        // SAFETY: the live map covers one bit per arena page, and `page` is an arena page; the
+        // mapping lives as long as the arena; AtomicU64 has the layout of u64.
+        (unsafe { &*((self.live as *const AtomicU64).add(w)) }, 1 << (page % 64))
+    }
+
+    fn page_of(&self, addr: usize) -> u64 {
+        ((addr - self.base) / PAGE_SIZE) as u64
+    }
+
+    /// A zero block of `size` bytes aligned to `align`, read-write; locked too when `lock` (the
+    /// program asked for `mlockall(MCL_FUTURE)`, which a native mapping would get). None when
+    /// the arena is full.
+    pub fn alloc(&self, size: usize, align: usize, lock: bool) -> Option<usize> {
+        let (pages, _) = layout(size, align)?;
+        let first = self.free.with(|f| f.take(pages))?;
+        let block = self.base + first as usize * PAGE_SIZE;
+        let bytes = pages as usize * PAGE_SIZE;
+        if mman::protect(block, bytes, libc::PROT_READ | libc::PROT_WRITE).is_err() {
+            // Out of VMAs or memory: the pages are still zero and PROT_NONE.
+            self.free.with(|f| f.give(first, pages));
+            return None;
+        }
+        if lock {
+            let _ = mman::mlock(block, bytes);
+        }
+        let p = user_ptr(block, align);
+        let h = Header {
+            magic: MAGIC,
+            first,
+            pages,
+            usable: (block + bytes - p) as u64,
+        };
+        // SAFETY: [p - HEADER, p) lies in the page before p, inside the block, which is ours and
+        // read-write now; the write may fault, served by the engine.
+        unsafe { ((p - HEADER) as *mut Header).write(h) };
+        let (w, bit) = self.live_word(self.page_of(p - PAGE_SIZE));
+        w.fetch_or(bit, Release);
+        Some(p)
+    }
+
+    /// The header of a live block whose user pointer is `p`.
+    pub fn block(&self, p: usize) -> Result<Header, Invalid> {
+        if !self.contains(p) || p % PAGE_SIZE != 0 || p < self.base + PAGE_SIZE {
+            return Err(Invalid);
+        }
+        let (w, bit) = self.live_word(self.page_of(p - PAGE_SIZE));
+        if w.load(Acquire) & bit == 0 {
+            return Err(Invalid);
+        }
+        // SAFETY: the live bit says the page before p is a live block's header page, read-write.
+        let h = unsafe { ((p - HEADER) as *const Header).read() };
+        if h.magic != MAGIC {
+            return Err(Invalid);
+        }
+        Ok(h)
+    }
+
+    /// Frees the block at `p`. `Err` for a pointer that is not a live block (a double free, or
+    /// one the arena never returned); the caller aborts.
+    pub fn free(&self, p: usize) -> Result<(), Invalid> {
+        let h = self.block(p)?;
+        let (w, bit) = self.live_word(self.page_of(p - PAGE_SIZE));
+        if w.fetch_and(!bit, AcqRel) & bit == 0 {
+            return Err(Invalid); // another thread freed it first
+        }
+        self.release(h.first, h.pages);
+        Ok(())
+    }
+
+    /// Returns pages `[first, first + pages)` to the free list, zero and `PROT_NONE`.
+    fn release(&self, first: u64, pages: u64) {
+        let addr = self.base + first as usize * PAGE_SIZE;
+        let bytes = pages as usize * PAGE_SIZE;
+        discard(addr, bytes);
+        let _ = mman::protect(addr, bytes, libc::PROT_NONE);
+        self.free.with(|f| f.give(first, pages));
+    }
+
+    /// Grows the block at `p` in place to hold `size` bytes from `p`, when the pages right
+    /// after it are free. Returns the new header.
+    pub fn grow_in_place(&self, p: usize, h: Header, size: usize, lock: bool) -> Option<Header> {
+        let block = self.base + h.first as usize * PAGE_SIZE;
+        let want = ((p - block).checked_add(size)?).div_ceil(PAGE_SIZE) as u64;
+        let extra = want.checked_sub(h.pages).filter(|e| *e > 0)?;
+        let end = h.first + h.pages;
+        if !self.free.with(|f| f.take_at(end, extra)) {
+            return None;
+        }
+        let tail = self.base + end as usize * PAGE_SIZE;
+        let bytes = extra as usize * PAGE_SIZE;
+        if mman::protect(tail, bytes, libc::PROT_READ | libc::PROT_WRITE).is_err() {
+            self.free.with(|f| f.give(end, extra));
+            return None;
+        }
+        if lock {
+            let _ = mman::mlock(tail, bytes);
+        }
+        let n = Header {
+            pages: want,
+            usable: h.usable + bytes as u64,
+            ..h
+        };
+        // SAFETY: the header of a live block of ours, read-write.
+        unsafe { ((p - HEADER) as *mut Header).write(n) };
+        Some(n)
+    }
+
+    /// Gives back the pages of the block at `p` beyond `size` bytes from `p`, when that frees
+    /// at least `min_pages`.
+    pub fn shrink(&self, p: usize, h: Header, size: usize, min_pages: u64) {
+        let block = self.base + h.first as usize * PAGE_SIZE;
+        let keep = (p - block + size.max(1)).div_ceil(PAGE_SIZE) as u64;
+        let Some(spare) = h.pages.checked_sub(keep).filter(|s| *s >= min_pages.max(1)) else {
+            return;
+        };
+        let n = Header {
+            pages: keep,
+            usable: h.usable - spare * PAGE_SIZE as u64,
+            ..h
+        };
+        // SAFETY: the header of a live block of ours, read-write.
+        unsafe { ((p - HEADER) as *mut Header).write(n) };
+        self.release(h.first + keep, spare);
+    }
+
+    /// Calls `f(addr, len)` for every free extent (to unlock them after `mlockall`).
+    pub fn each_free(&self, mut f: impl FnMut(usize, usize)) {
+        let mut v = [(0u64, 0u64); 64];
+        let mut from = 0;
+        loop {
+            // Copied out in batches: `f` makes system calls, which the lock must not wait on.
+            let n = self.free.with(|l| {
+                let n = l.extents().saturating_sub(from).min(v.len());
+                for (i, e) in v.iter_mut().enumerate().take(n) {
+                    *e = l.extent(from + i);
+                }
+                n
+            });
+            for &(s, l) in &v[..n] {
+                f(self.base + s as usize * PAGE_SIZE, l as usize * PAGE_SIZE);
+            }
+            if n < v.len() {
+                break;
+            }
+            from += n;
+        }
+    }
+
+    /// Free pages, and pages lost to a full free list.
+    pub fn free_pages(&self) -> (u64, u64) {
+        self.free.with(|f| (f.free_pages(), f.leaked))
+    }
+}
+
+/// Makes `[addr, addr + len)` (read-write, ours) read zero with no memory behind it: discarded
+/// by `MADV_DONTNEED`; if the kernel refuses (an `mlock`ed range), unlocked and discarded; if
+/// that fails too, written with zeros.
+fn discard(addr: usize, len: usize) {
+    if mman::madvise(addr, len, mman::MADV_DONTNEED).is_ok() {
+        return;
+    }
+    let _ = mman::munlock(addr, len);
+    if mman::madvise(addr, len, mman::MADV_DONTNEED).is_ok() {
+        return;
+    }
+    // SAFETY: the range is ours and read-write (it is made PROT_NONE only after this).
+    unsafe { std::ptr::write_bytes(addr as *mut u8, 0, len) };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,6 +479,19 @@ mod tests {
         f.give(c, 30);
         assert_eq!((f.extents(), f.free_pages()), (1, 100), "all merged back");
         assert_eq!(f.take(101), None);
+    }
+
+    #[test]
+    fn take_at_grows_into_the_extent_that_starts_right_there() {
+        let mut f = FreeList::new();
+        f.reset(100);
+        assert_eq!(f.take(10), Some(0));
+        assert!(f.take_at(10, 5));
+        assert!(!f.take_at(10, 5), "taken");
+        assert!(!f.take_at(20, 1), "inside an extent, not at its start");
+        assert!(f.take_at(15, 85));
+        assert_eq!(f.free_pages(), 0);
+        assert!(!f.take_at(100, 1));
     }
 
     #[test]
@@ -230,5 +519,71 @@ mod tests {
         assert!(p >= block + PAGE_SIZE && p + (2 << 20) <= block + (pages as usize) * PAGE_SIZE);
         assert_eq!(user_ptr(block, 64), block + PAGE_SIZE);
         assert!(layout(usize::MAX - 10, 16).is_none());
+    }
+
+    fn resident(addr: usize, len: usize) -> usize {
+        mman::resident_pages(addr, len).unwrap()
+    }
+
+    #[test]
+    fn blocks_are_zero_and_freed_blocks_go_back_to_the_kernel() {
+        let a = Arena::new(64 << 20).unwrap();
+        let p = a.alloc(8 << 20, 16, false).unwrap();
+        // SAFETY: p is a live 8 MiB block of ours.
+        let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, 8 << 20) };
+        assert!(engine::zero::is_zero(s));
+        s.fill(0x5a);
+        assert_eq!(a.block(p).unwrap().usable, 8 << 20);
+        a.free(p).unwrap();
+        assert_eq!(resident(p, 8 << 20), 0, "discarded");
+        assert_eq!(a.free(p), Err(Invalid), "a double free is refused");
+        assert_eq!(a.free(p + PAGE_SIZE), Err(Invalid), "so is a pointer inside a block");
+        let q = a.alloc(8 << 20, 16, false).unwrap();
+        assert_eq!(q, p, "first fit");
+        // SAFETY: q is a live 8 MiB block of ours.
+        assert!(engine::zero::is_zero(unsafe { std::slice::from_raw_parts(q as *const u8, 8 << 20) }));
+        assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64 - 2049);
+        a.free(q).unwrap();
+        assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64);
+    }
+
+    #[test]
+    fn a_locked_block_freed_without_unlocking_still_comes_back_zero() {
+        let a = Arena::new(16 << 20).unwrap();
+        let p = a.alloc(4 << 20, 16, false).unwrap();
+        mman::mlock(p, 4 << 20).unwrap();
+        // SAFETY: p is a live 4 MiB block of ours.
+        unsafe { std::ptr::write_bytes(p as *mut u8, 0x5a, 4 << 20) };
+        a.free(p).unwrap();
+        let q = a.alloc(4 << 20, 16, false).unwrap();
+        assert_eq!(q, p);
+        // SAFETY: q is a live 4 MiB block of ours.
+        let s = unsafe { std::slice::from_raw_parts(q as *const u8, 4 << 20) };
+        assert!(engine::zero::is_zero(s), "no secret from the locked block");
+        a.free(q).unwrap();
+    }
+
+    #[test]
+    fn blocks_grow_in_place_and_shrink() {
+        let a = Arena::new(64 << 20).unwrap();
+        let p = a.alloc(4 << 20, 16, false).unwrap();
+        let h = a.block(p).unwrap();
+        // SAFETY: p is a live block of at least 4 MiB.
+        unsafe { (p as *mut u8).add((4 << 20) - 1).write(7) };
+        let g = a.grow_in_place(p, h, 6 << 20, false).unwrap();
+        assert_eq!(g.usable, 6 << 20);
+        // SAFETY: the block now holds 6 MiB from p.
+        unsafe {
+            assert_eq!((p as *const u8).add((4 << 20) - 1).read(), 7);
+            (p as *mut u8).add((6 << 20) - 1).write(8);
+        }
+        let q = a.alloc(1 << 20, 16, false).unwrap();
+        assert!(a.grow_in_place(p, g, 8 << 20, false).is_none(), "q is in the way");
+        a.shrink(p, g, 1 << 20, 16);
+        assert_eq!(a.block(p).unwrap().usable, 1 << 20);
+        assert!(a.block(q).is_ok());
+        a.free(p).unwrap();
+        a.free(q).unwrap();
+        assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64);
     }
 }

@@ -1,36 +1,67 @@
 //! libzerofault.so: the LD_PRELOAD shim, and the C API of `include/zerofault.h`.
 //!
 //! Loaded into a program it never saw, the shim serves the first touch of the program's large
-//! anonymous memory with the engine, and changes nothing else:
+//! anonymous memory with the engine, and changes nothing else.
 //!
+//! # The rules: it lives inside other people's programs
+//! 1. **Nothing on a hook path or an engine thread calls the program's allocator, or takes a
+//!    lock the program's allocator may hold.** The program's malloc may be jemalloc calling
+//!    `mmap` with its own lock held; a hook that then allocated through it would deadlock.
+//!    Every Rust allocation in this library comes from the engine's own allocator over raw
+//!    `mmap` ([`engine::sys::alloc::EngineAlloc`], the global allocator here), the engine's
+//!    threads are made without `pthread_create` (which allocates with the program's `calloc`),
+//!    and the only locks a hook takes are the engine's and the arena's.
+//! 2. **Signals are the program's.** Engine threads start with every signal blocked, so a
+//!    process-directed signal reaches a program thread, as without the shim. A hook that takes
+//!    an engine lock blocks signals meanwhile, so that a signal handler calling `mmap` cannot
+//!    find that lock held by the thread it interrupted.
+//! 3. **Fail open.** Any error on the userfaultfd the engine does not expect closes it: the
+//!    kernel serves every fault from then on; the program never hangs and loses no data.
+//! 4. **Zero-ness is proved, never assumed.** `calloc` skips its memset only for arena pages
+//!    that were never touched or whose discard succeeded ([`arena`]).
+//! 5. **The program's memory calls give the results they give without the shim**: `mmap`,
+//!    `munmap`, `mremap`, `madvise`, `mprotect`, `mlock`, `mlockall`, the rlimits, THP advice.
+//!    Hooks keep `errno` as the real call left it. The engine starts only on the first large
+//!    request, reserves nothing that counts against a finite `RLIMIT_AS`/`RLIMIT_DATA`, locks
+//!    and populates none of its own memory, and holds one file descriptor (none until then).
+//! 6. **Bad input is one line** naming the knob and what it accepts; the program still runs.
+//!
+//! # What it does
 //! - `mmap` / `mmap64` of anonymous private memory at or above `ZEROFAULT_PRELOAD_THRESHOLD`
-//!   (2 MiB): the mapping is made as asked, then registered with the engine (JVM heaps,
-//!   jemalloc / mimalloc / tcmalloc arenas). munmap, mremap and madvise of it reach the engine
-//!   as userfaultfd events.
+//!   (2 MiB) is registered with the engine (JVM heaps, jemalloc / mimalloc / tcmalloc arenas),
+//!   and so is a smaller `MAP_FIXED` mapping made inside or next to served memory (so that the
+//!   pieces merge into one VMA as they would natively). `mremap` follows: grown and moved
+//!   memory is served like the rest, and a move the registration would make fail natively
+//!   succeeds by handing the range back first ([`mmap`]).
 //! - glibc's malloc reaches mmap through an internal call nobody can interpose, so large
-//!   `malloc`, `calloc`, `realloc`, `posix_memalign`, `aligned_alloc`, `memalign`, `valloc`
-//!   and `pvalloc` blocks are carved from one reserved, registered range (the arena, see
-//!   [`arena`]); `free`, `realloc` and `malloc_usable_size` recognise them by address. Smaller
-//!   requests go to the next allocator (found with `dlsym(RTLD_NEXT)`) untouched.
-//!
-//! Safety in any process:
-//! - Until the engine is up, and on the engine's own threads, every hook passes through; a
-//!   thread-local flag keeps the shim's own allocations (inside a hook) away from the hooks.
-//! - Options come from `environ` in the constructor; nothing is printed unless asked
-//!   (`ZEROFAULT_STATS=1`), except one line naming a knob whose value is refused.
-//! - fork(): the arena lock is held across the fork, so the child's copy is consistent. The
-//!   child's memory is no longer registered (the engine does not ask for fork events), so the
-//!   child runs on kernel faults until its first large request, which starts a fresh engine
-//!   there (its counters add to the same `MAP_SHARED` block the parent prints). vfork()
-//!   children (no fork handlers run) and exec() images never touch the parent's engine; an
-//!   exec'd program loads the shim afresh.
-//! - Fail open: no userfaultfd, an old kernel, a refused option, an engine error: the hooks
-//!   pass through and the program runs on plain memory.
+//!   malloc-family blocks are carved from one reserved, registered range ([`arena`]); `free`,
+//!   `realloc` and `malloc_usable_size` recognise them by address. `realloc` grows in place or
+//!   moves pages without copying them. Smaller requests go to the next allocator (found with
+//!   `dlsym(RTLD_NEXT)`) untouched.
+//! - fork(): the child's copy of the engine's descriptor is closed at once; its memory is no
+//!   longer registered (the engine does not ask for fork events), and its first large request
+//!   starts an engine of its own. vfork() children and exec'd images never touch the parent's.
 
 #![allow(clippy::missing_safety_doc)]
 
 pub mod arena;
 #[cfg(not(test))]
-mod hooks;
+mod capi;
 #[cfg(not(test))]
-pub use hooks::*;
+mod malloc;
+#[cfg(not(test))]
+mod mmap;
+#[cfg(not(test))]
+mod next;
+#[cfg(not(test))]
+mod state;
+
+#[cfg(not(test))]
+pub use capi::*;
+#[cfg(not(test))]
+pub use malloc::*;
+#[cfg(not(test))]
+pub use mmap::*;
+
+#[global_allocator]
+static ALLOC: engine::sys::alloc::EngineAlloc = engine::sys::alloc::EngineAlloc;

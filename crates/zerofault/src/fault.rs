@@ -31,7 +31,7 @@ use crate::pool::Ring;
 use crate::predict::{handback_span, Outcome, Predictor, Tuning, PMD_PAGES};
 use crate::region::Range;
 use crate::stats::Stats;
-use crate::sys::mman::{self, Mapping, Thp, PAGE_SIZE, PMD_SIZE};
+use crate::sys::mman::{self, Mapping, PAGE_SIZE, PMD_SIZE};
 use crate::sys::thread::ThreadClock;
 use crate::sys::uffd::{Msg, Progress, RawMsg, Uffd};
 use crate::zero::ZeroSource;
@@ -138,9 +138,8 @@ struct Handler<'a> {
     tuning: Tuning,
     zero: &'a ZeroSource,
     can_move: bool,
-    /// One 2 MiB `MADV_HUGEPAGE` area where this thread prepares a huge page when the huge ring
-    /// is empty. `Some` exactly when whole PMDs get huge pages.
-    stage: Option<Mapping>,
+    /// [`Shared::stage`], when `can_move`.
+    stage: Option<&'a Mapping>,
     /// EEXIST skips so far (tells a clean move from one that found pages present).
     partials: u64,
     /// After a slow staging populate, no staging until then (see [`STAGE_SLOW`]).
@@ -165,11 +164,7 @@ impl<'a> Handler<'a> {
     fn new(shared: &'a Shared, uffd: &'a Uffd) -> Handler<'a> {
         let opts = &shared.opts;
         let can_move = opts.pool && shared.pool.is_some() && uffd.features().has(crate::sys::uffd::Features::MOVE);
-        let huge = can_move && shared.pool.as_ref().is_some_and(|p| p.huge.is_some());
-        let stage = huge.then(|| Mapping::new(PMD_SIZE, Thp::Always).ok()).flatten();
-        if let Some(m) = &stage {
-            let _ = mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK);
-        }
+        let stage = shared.stage.as_ref().filter(|_| can_move);
         Handler {
             shared,
             uffd,
@@ -366,6 +361,9 @@ impl<'a> Handler<'a> {
     /// through fresh memory pays for no pool at all.
     fn want_pool(&self) {
         let Some(pool) = self.shared.pool.as_ref() else { return };
+        if self.shared.pool_paused.load(Relaxed) {
+            return;
+        }
         if !self.shared.active.load(Relaxed) {
             self.shared.active.store(true, Release);
         }
@@ -473,6 +471,12 @@ impl<'a> Handler<'a> {
     /// reported stopped at its start: pages already installed only leave stale bits behind,
     /// which cost an EEXIST later, never a hang.
     fn install_write(&mut self, dst: usize, len: usize, range: Option<&Range>) -> Done {
+        if self.shared.pool_paused.load(Relaxed) {
+            if let Some(r) = range {
+                r.mark_tables(dst, len);
+            }
+            return self.copy(dst, len, CopyWhy::NoMove);
+        }
         let mut pieces = std::mem::take(&mut self.pieces);
         pieces.clear();
         let mut off = 0;

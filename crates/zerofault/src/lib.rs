@@ -147,6 +147,9 @@ pub struct Shared {
     pub(crate) features: Features,
     pub(crate) ranges: RangeTable,
     pub(crate) pool: Option<Pool>,
+    /// One 2 MiB `MADV_HUGEPAGE` area where the handler prepares a huge page when the huge ring
+    /// is empty. `Some` exactly when whole PMDs get huge pages.
+    pub(crate) stage: Option<mman::Mapping>,
     pub(crate) zero: ZeroSource,
     pub(crate) stats: StatsHome,
     pub(crate) scrub: ScrubCtl,
@@ -157,6 +160,9 @@ pub struct Shared {
     /// Set by the handler on the first sequential write fault: the scrub thread fills nothing
     /// before.
     pub(crate) active: AtomicBool,
+    /// The pool is emptied and not refilled, and faults are served by copies (see
+    /// [`Engine::pause_pool`]).
+    pub(crate) pool_paused: AtomicBool,
     /// One registered page outside every range: [`Engine`]'s drop reads it, and the fault it
     /// takes wakes the handler to see `stopping` (the engine holds no descriptor but the
     /// userfaultfd).
@@ -177,9 +183,14 @@ impl Shared {
     }
 
     /// Records `[addr, addr + len)` in the table, then registers it. With the engine failed,
-    /// only records it (so that an owning Region still unmaps it).
-    pub(crate) fn register_range(&self, addr: usize, len: usize, owner: Option<u64>) -> io::Result<()> {
+    /// only records it (so that an owning Region still unmaps it). `fresh`: no page of it was
+    /// ever touched; otherwise every PMD of it may hold a page table (no huge page is moved
+    /// there).
+    pub(crate) fn register_range(&self, addr: usize, len: usize, owner: Option<u64>, fresh: bool) -> io::Result<()> {
         let r = self.ranges.insert(addr, (len / PAGE_SIZE) as u64, owner);
+        if !fresh {
+            r.mark_tables(addr, len);
+        }
         let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
         if let Some(u) = uffd.as_ref() {
             if let Err(e) = u.register(addr, len) {
@@ -250,7 +261,16 @@ impl Engine {
         } else {
             None
         };
+        let stage = match pool.as_ref().filter(|p| p.huge.is_some()) {
+            Some(_) => {
+                let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(EngineError::Map)?;
+                let _ = mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK);
+                Some(m)
+            }
+            None => None,
+        };
         let shared = Arc::new(Shared {
+            stage,
             uffd: RwLock::new(Some(uffd)),
             features,
             ranges: RangeTable::default(),
@@ -261,6 +281,7 @@ impl Engine {
             stopping: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             active: AtomicBool::new(false),
+            pool_paused: AtomicBool::new(false),
             doorbell,
             handling: AtomicU64::new(0),
             next_region: AtomicU64::new(1),
@@ -307,7 +328,7 @@ impl Engine {
             mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, false).map_err(EngineError::Map)?;
         let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
         let id = self.shared.next_region.fetch_add(1, Relaxed);
-        if let Err(e) = self.shared.register_range(addr, len, Some(id)) {
+        if let Err(e) = self.shared.register_range(addr, len, Some(id), true) {
             let _ = mman::unmap(addr, len);
             return Err(EngineError::Register(e));
         }
@@ -335,7 +356,7 @@ impl Engine {
         }
         let id = self.shared.next_region.fetch_add(1, Relaxed);
         self.shared
-            .register_range(addr, len, Some(id))
+            .register_range(addr, len, Some(id), false)
             .map_err(EngineError::Register)?;
         Ok(Region {
             shared: self.shared.clone(),
@@ -364,6 +385,14 @@ impl Engine {
     /// descriptor, so that the parent failing open is never held up by it, and forgets the
     /// rest without touching the threads or any lock they may have held at the fork.
     pub fn forget_after_fork(self) {
+        self.close_after_fork();
+        std::mem::forget(self);
+    }
+
+    /// The descriptor half of [`Engine::forget_after_fork`], for a fork handler that holds the
+    /// engine by reference and leaks it itself: only atomics and one close(2), so it is safe
+    /// in the child of a multi-threaded fork.
+    pub fn close_after_fork(&self) {
         // The parent's handler holds a read lock for its whole life, so only read access is
         // possible here; the descriptor is closed by number and the engine leaked, so that
         // nothing closes it twice.
@@ -372,7 +401,122 @@ impl Engine {
                 sys::thread::close_fd(u.raw_fd());
             }
         }
-        std::mem::forget(self);
+    }
+
+    /// Serves the faults of `[addr, addr + len)` with no [`Region`] to own it: for memory whose
+    /// owner (an LD_PRELOAD shim's program) unmaps, moves and discards it itself; the engine
+    /// follows through the kernel's events. Registering memory already registered here is
+    /// harmless (it is recorded afresh). `fresh`: its pages were never touched (a new mapping),
+    /// so its PMDs hold no page tables.
+    ///
+    /// # Safety
+    /// As [`Engine::register`], except that the memory may be unmapped at any time (the
+    /// engine then forgets it).
+    pub unsafe fn adopt(&self, addr: usize, len: usize, fresh: bool) -> Result<(), EngineError> {
+        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
+            return Err(EngineError::Unaligned { addr, len });
+        }
+        self.shared
+            .register_range(addr, len, None, fresh)
+            .map_err(EngineError::Register)
+    }
+
+    /// Hands `[addr, addr + len)` back to the kernel: unregistered and forgotten. Pages already
+    /// there stay. For callers that must see the program's mappings as they would be without
+    /// the engine (registration splits VMAs).
+    pub fn release(&self, addr: usize, len: usize) {
+        let seq = self.shared.ranges.seq();
+        self.shared.ranges.unmap(addr, addr + len, seq);
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = uffd.as_ref() {
+            let _ = u.unregister(addr, len);
+        }
+    }
+
+    /// Whether `addr` lies in memory the engine serves.
+    pub fn serves(&self, addr: usize) -> bool {
+        self.is_active() && self.shared.ranges.find(addr & !(PAGE_SIZE - 1)).is_some()
+    }
+
+    /// Moves the pages of `[src, src + len)` to `[dst, dst + len)` without copying
+    /// (`UFFDIO_MOVE`, holes allowed: a hole in the source stays a hole at the destination).
+    /// Both must be served by this engine, the destination must have no page yet, and both
+    /// mappings must have the same protection and lock state. Returns the bytes moved before an
+    /// error, or all of them.
+    ///
+    /// # Safety
+    /// The caller owns both ranges; the source reads zero (it faults again) afterwards.
+    pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> usize {
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let Some(u) = uffd.as_ref() else { return 0 };
+        let mut done = 0;
+        while done < len {
+            let p = u.move_pages_mode(dst + done, src + done, len - done, sys::uffd::MOVE_ALLOW_SRC_HOLES);
+            done += p.done;
+            match p.errno {
+                None => break,
+                Some(libc::EAGAIN) if p.done > 0 => continue,
+                Some(_) => break,
+            }
+        }
+        done
+    }
+
+    /// Every mapping the engine made for itself (pool rings, staging area, zero source,
+    /// doorbell, thread stacks), as (address, length).
+    pub fn own_mappings(&self) -> Vec<(usize, usize)> {
+        let mut v = vec![(self.shared.doorbell, PAGE_SIZE), self.shared.zero.area()];
+        if let Some(p) = &self.shared.pool {
+            v.push(p.small.area());
+            v.extend(p.huge.as_ref().map(|r| r.area()));
+        }
+        v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
+        v.extend([&self.handler, &self.scrubber].into_iter().flatten().map(|t| t.area()));
+        v
+    }
+
+    /// Before the program's `mlockall(MCL_CURRENT)`: the engine's read-write reservations
+    /// (pool rings, staging area) become `PROT_NONE`, which mlockall never populates, so that it
+    /// does not fill them with locked zero pages. Until [`Engine::after_mlockall`] the handler
+    /// copies instead of moving.
+    pub fn before_mlockall(&self) {
+        for (a, l) in self.rw_reservations() {
+            let _ = mman::protect(a, l, libc::PROT_NONE);
+        }
+    }
+
+    /// After the program's `mlockall`: unlocks every engine mapping (they are not the
+    /// program's memory) and gives the reservations their protection back.
+    pub fn after_mlockall(&self) {
+        for (a, l) in self.own_mappings() {
+            let _ = mman::munlock(a, l);
+        }
+        for (a, l) in self.rw_reservations() {
+            let _ = mman::protect(a, l, libc::PROT_READ | libc::PROT_WRITE);
+        }
+    }
+
+    /// Empties the pool and stops refilling it (`true`), or lets the scrub refill it again.
+    /// For a program under `mlockall(MCL_FUTURE)`: its new memory is locked, and the kernel
+    /// moves no page between a locked and an unlocked mapping, so pool pages could only be
+    /// copied; keeping them would be memory populated for nothing.
+    pub fn pause_pool(&self, paused: bool) {
+        self.shared.pool_paused.store(paused, Release);
+        match (&self.shared.pool, paused) {
+            (Some(p), true) => p.release_all(),
+            (Some(_), false) => self.shared.scrub.kick(),
+            (None, _) => {}
+        }
+    }
+
+    fn rw_reservations(&self) -> Vec<(usize, usize)> {
+        let mut v = vec![];
+        if let Some(p) = &self.shared.pool {
+            v.push(p.small.area());
+            v.extend(p.huge.as_ref().map(|r| r.area()));
+        }
+        v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
+        v
     }
 
     /// Pages ready in the pool.

@@ -118,6 +118,11 @@ impl Ring {
         })
     }
 
+    /// The ring's reserved area, as (address, length).
+    pub fn area(&self) -> (usize, usize) {
+        (self.base, self.pages as usize * PAGE_SIZE)
+    }
+
     /// Whether this is the huge ring (whole 2 MiB chunks).
     pub fn is_huge(&self) -> bool {
         self.unit > 1

@@ -330,7 +330,7 @@ impl Region {
         let (addr, len) = self.check(offset, len)?;
         mman::map_fixed(addr, len)?;
         let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
-        self.shared.register_range(addr, len, Some(self.id))
+        self.shared.register_range(addr, len, Some(self.id), true)
     }
 }
 

@@ -99,7 +99,8 @@ counters! {
     pool_empty,
     /// Pages copied because the pool was empty.
     copy_pool_empty,
-    /// Pages copied because moving is off (pool=off) or the kernel has no UFFDIO_MOVE.
+    /// Pages copied because moving is off (pool=off, the kernel has no UFFDIO_MOVE, or the pool
+    /// is paused while the program runs under mlockall(MCL_FUTURE)).
     copy_no_move,
     /// Pages copied because UFFDIO_MOVE refused the pool pages (EBUSY after fork, EINVAL).
     copy_move_refused,
@@ -120,7 +121,8 @@ counters! {
     /// Times the handler failed open on an errno no install expects (then the kernel serves
     /// every fault).
     fail_opens,
-    /// The errno of the last such failure (0 if none).
+    /// The errno of that failure (0 if none; one failure per engine, added up across the
+    /// engines that share these counters).
     fail_open_errno,
     /// Installs that failed (range gone, unregistered): the thread was woken to retry.
     install_errors,

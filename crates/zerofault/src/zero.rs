@@ -45,6 +45,11 @@ impl ZeroSource {
         self.addr
     }
 
+    /// The mapping, as (address, length).
+    pub fn area(&self) -> (usize, usize) {
+        (self.addr, self.len)
+    }
+
     fn as_slice(&self) -> &[u8] {
         // SAFETY: [addr, addr + len) is a live read-only anonymous mapping owned by `self`
         // until drop; nobody can write to it (PROT_READ), so shared references are sound.

@@ -90,6 +90,14 @@ pub fn protect(addr: usize, len: usize, prot: libc::c_int) -> io::Result<()> {
     Ok(())
 }
 
+/// mlock(2): populates and locks the range (what a mapping made under `mlockall(MCL_FUTURE)`
+/// gets).
+pub fn mlock(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: locking changes no memory content; it populates the range as a touch would.
+    unsafe { raw::call(libc::SYS_mlock, [addr, len, 0, 0, 0, 0]) }?;
+    Ok(())
+}
+
 /// munlock(2): the range's pages may be paged out again (and a locked VMA is unlocked).
 pub fn munlock(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: unlocking changes no memory content.

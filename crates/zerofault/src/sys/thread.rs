@@ -348,6 +348,11 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
 }
 
 impl EngineThread {
+    /// The thread's stack and TLS mapping, as (address, length).
+    pub fn area(&self) -> (usize, usize) {
+        (self.block, self.len)
+    }
+
     /// The thread's kernel id, 0 once it has exited.
     pub fn tid(&self) -> u32 {
         if self.tid.is_null() {

@@ -34,6 +34,9 @@ const UFFDIO_MOVE: libc::c_ulong = 0xC028_AA05;
 /// `_IO(0xAA, 0x00)` on `/dev/userfaultfd`: a new userfaultfd, as the syscall would give.
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
 
+/// `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES`: a hole in the source moves as a hole.
+pub const MOVE_ALLOW_SRC_HOLES: u64 = 2;
+
 /// `UFFDIO_REGISTER_MODE_MISSING`: report faults on pages that have no PTE.
 const REGISTER_MODE_MISSING: u64 = 1;
 
@@ -467,6 +470,11 @@ impl Uffd {
     /// Zero-copy: the page frames change owner, no byte is written.
     pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Progress {
         self.transfer(UFFDIO_MOVE, dst, src, len, 0)
+    }
+
+    /// [`Uffd::move_pages`] with `UFFDIO_MOVE_MODE_*` bits (see [`MOVE_ALLOW_SRC_HOLES`]).
+    pub fn move_pages_mode(&self, dst: usize, src: usize, len: usize, mode: u64) -> Progress {
+        self.transfer(UFFDIO_MOVE, dst, src, len, mode)
     }
 
     /// UFFDIO_ZEROPAGE: map the shared zero page read-only at the missing pages of the range.

@@ -1,0 +1,63 @@
+//! The C API (include/zerofault.h).
+
+use crate::state::{self, enter, Quiet};
+use engine::sys::mman::{self, PAGE_SIZE};
+use libc::{c_char, c_int, c_void, size_t};
+
+/// Maps `len` bytes (rounded up to pages) of anonymous memory served by the engine (started
+/// now if it was not yet); plain memory when the engine is off. NULL on failure.
+#[no_mangle]
+pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
+    if len == 0 {
+        return std::ptr::null_mut();
+    }
+    let len = len.next_multiple_of(PAGE_SIZE);
+    let Ok(p) = mman::map_private(len, false) else {
+        return std::ptr::null_mut();
+    };
+    let _ = mman::madvise(p, len, mman::MADV_NOHUGEPAGE);
+    let Some(_g) = enter() else { return p as *mut c_void };
+    let _q = Quiet::new();
+    if let Some(e) = state::engine() {
+        // SAFETY: our fresh mapping, handed to the caller.
+        let _ = unsafe { e.adopt(p, len, true) };
+    }
+    p as *mut c_void
+}
+
+/// Unmaps memory from zerofault_map. 0, or -1 with errno set.
+#[no_mangle]
+pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
+    // SAFETY: the caller hands back a mapping it owns.
+    unsafe { libc::syscall(libc::SYS_munmap, p, len.next_multiple_of(PAGE_SIZE)) as c_int }
+}
+
+/// 1 when the engine serves faults in this process, 0 otherwise (not started yet, failed
+/// open, or off).
+#[no_mangle]
+pub extern "C" fn zerofault_active() -> c_int {
+    let _g = enter();
+    state::running().is_some_and(|e| e.is_active()) as c_int
+}
+
+/// Writes the counters as one JSON object, NUL-terminated, into `buf` (at most `cap` bytes,
+/// truncated if short). Returns the JSON's length without the NUL, like snprintf.
+#[no_mangle]
+pub unsafe extern "C" fn zerofault_stats_json(buf: *mut c_char, cap: size_t) -> size_t {
+    let _g = enter();
+    let _q = Quiet::new();
+    let json = match (state::stats_block(), state::running()) {
+        (Some(s), _) => s.snapshot().to_json(),
+        (None, Some(e)) => e.stats().to_json(),
+        (None, None) => engine::Snapshot::default().to_json(),
+    };
+    if !buf.is_null() && cap > 0 {
+        let n = json.len().min(cap - 1);
+        // SAFETY: the caller's buffer holds `cap` bytes; n + 1 <= cap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf as *mut u8, n);
+            *buf.add(n) = 0;
+        }
+    }
+    json.len()
+}

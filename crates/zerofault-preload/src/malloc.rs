@@ -1,0 +1,210 @@
+//! The malloc family: large blocks from the arena, everything else from the next allocator.
+
+use crate::next;
+use crate::state::{self, abort_invalid, arena, enter, threshold};
+use engine::sys::mman::PAGE_SIZE;
+use libc::{c_int, c_void, size_t};
+
+/// A realloc that shrinks a block by at least this many pages gives them back.
+const SHRINK_MIN_PAGES: u64 = 256;
+
+/// A zero block of `size` bytes aligned to `align` from the arena, if the request is large and
+/// the engine (which makes the arena) is up.
+fn large(size: usize, align: usize) -> Option<*mut c_void> {
+    if size < threshold() || !align.is_power_of_two() || align > (1 << 30) {
+        return None;
+    }
+    let _g = enter()?;
+    state::engine()?;
+    arena()?
+        .alloc(size, align, state::lock_future())
+        .map(|p| p as *mut c_void)
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
+    if next::resolving() {
+        return next::boot_alloc(size);
+    }
+    if let Some(p) = large(size, 16) {
+        return p;
+    }
+    // SAFETY: the next allocator's malloc, with the caller's argument.
+    unsafe { next::malloc(size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
+    if next::resolving() {
+        return n.checked_mul(size).map_or(std::ptr::null_mut(), next::boot_alloc);
+    }
+    let Some(total) = n.checked_mul(size) else {
+        state::set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // Arena blocks are proved zero (see arena.rs): no memset.
+    if let Some(p) = large(total, 16) {
+        return p;
+    }
+    // SAFETY: the next allocator's calloc, with the caller's arguments.
+    unsafe { next::calloc(n, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn free(p: *mut c_void) {
+    if p.is_null() || next::in_boot(p) {
+        return;
+    }
+    if let Some(a) = arena().filter(|a| a.contains(p as usize)) {
+        if a.free(p as usize).is_err() {
+            abort_invalid("free", p);
+        }
+        return;
+    }
+    // SAFETY: p came from the next allocator (it is neither ours nor the boot buffer's).
+    unsafe { next::free(p) }
+}
+
+/// Moves `len` bytes (whole pages) from arena block `p` to fresh arena block `q`: the pages
+/// themselves where the engine can move them (no byte copied), the rest copied.
+///
+/// # Safety
+/// Both are live arena blocks of at least `len` bytes; `q` was never written.
+unsafe fn move_block(q: usize, p: usize, len: usize) {
+    let moved = match state::running() {
+        // SAFETY: both ranges are ours and served by the engine; q has no page yet.
+        Some(e) => unsafe { e.move_pages(q, p, len / PAGE_SIZE * PAGE_SIZE) },
+        None => 0,
+    };
+    // SAFETY: both blocks hold `len` bytes; the pages moved are at q now, the rest still at p.
+    unsafe { std::ptr::copy_nonoverlapping((p + moved) as *const u8, (q + moved) as *mut u8, len - moved) };
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
+    if p.is_null() {
+        // SAFETY: realloc(NULL, n) is malloc(n).
+        return unsafe { malloc(size) };
+    }
+    if next::in_boot(p) {
+        // SAFETY: a real block, then the copy of what fits; boot blocks are never freed.
+        let q = unsafe { malloc(size) };
+        if !q.is_null() {
+            // SAFETY: both ranges are valid for the copied length.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, size.min(next::boot_tail(p))) };
+        }
+        return q;
+    }
+    if let Some(a) = arena().filter(|a| a.contains(p as usize)) {
+        let at = p as usize;
+        let Ok(h) = a.block(at) else { abort_invalid("realloc", p) };
+        if size == 0 {
+            // glibc frees and returns NULL.
+            // SAFETY: p is a live arena block.
+            unsafe { free(p) };
+            return std::ptr::null_mut();
+        }
+        if size as u64 <= h.usable {
+            a.shrink(at, h, size, SHRINK_MIN_PAGES);
+            return p;
+        }
+        if a.grow_in_place(at, h, size, state::lock_future()).is_some() {
+            return p;
+        }
+        // A new block, the pages moved into it, the old one freed; with the engine off, or no
+        // room in the arena, a copy (the old block stays valid on failure, as realloc requires).
+        // SAFETY: malloc with the caller's size.
+        let q = unsafe { malloc(size) };
+        if q.is_null() {
+            return q;
+        }
+        let len = h.usable as usize;
+        if a.contains(q as usize) {
+            // SAFETY: p and q are live arena blocks, q fresh and larger than p's usable bytes.
+            unsafe { move_block(q as usize, at, len) };
+        } else {
+            // SAFETY: q holds `size` > len bytes, p holds len.
+            unsafe { std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, len) };
+        }
+        // SAFETY: p is a live arena block, no longer used.
+        unsafe { free(p) };
+        return q;
+    }
+    if size >= threshold() {
+        // A block of the next allocator grows large: into the arena, once.
+        // SAFETY: p came from the next allocator.
+        let old = unsafe { next::malloc_usable_size(p) };
+        if old > 0 {
+            if let Some(q) = large(size, 16) {
+                // SAFETY: q has `size` bytes, p has `old` usable bytes.
+                unsafe { std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, old.min(size)) };
+                // SAFETY: p came from the next allocator and is no longer used.
+                unsafe { next::free(p) };
+                return q;
+            }
+        }
+    }
+    // SAFETY: p came from the next allocator.
+    unsafe { next::realloc(p, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
+    if align.is_power_of_two() && align % std::mem::size_of::<usize>() == 0 {
+        if let Some(p) = large(size, align) {
+            // SAFETY: the caller passes a valid out-pointer.
+            unsafe { *out = p };
+            return 0;
+        }
+    }
+    // SAFETY: the next allocator's posix_memalign, with the caller's arguments.
+    unsafe { next::posix_memalign(out, align, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
+    if let Some(p) = large(size, align) {
+        return p;
+    }
+    // SAFETY: the next allocator's aligned_alloc, with the caller's arguments.
+    unsafe { next::aligned_alloc(align, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
+    if let Some(p) = large(size, align) {
+        return p;
+    }
+    // SAFETY: the next allocator's memalign, with the caller's arguments.
+    unsafe { next::memalign(align, size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
+    if let Some(p) = large(size, PAGE_SIZE) {
+        return p;
+    }
+    // SAFETY: the next allocator's valloc.
+    unsafe { next::valloc(size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
+    if let Some(p) = large(size.next_multiple_of(PAGE_SIZE), PAGE_SIZE) {
+        return p;
+    }
+    // SAFETY: the next allocator's pvalloc.
+    unsafe { next::pvalloc(size) }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
+    if p.is_null() || next::in_boot(p) {
+        return 0;
+    }
+    if let Some(a) = arena().filter(|a| a.contains(p as usize)) {
+        return a.block(p as usize).map_or(0, |h| h.usable as size_t);
+    }
+    // SAFETY: p came from the next allocator.
+    unsafe { next::malloc_usable_size(p) }
+}

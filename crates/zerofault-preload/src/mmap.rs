@@ -1,0 +1,186 @@
+//! The program's memory calls: `mmap` registers large anonymous memory with the engine;
+//! `mremap` and `mlockall` are followed so that they give the results they give natively.
+//!
+//! Every hook makes the real system call first and returns its result and `errno` untouched;
+//! what the engine does afterwards runs under [`Quiet`] (errno kept, signals blocked).
+
+use crate::state::{self, arena, enter, threshold, Quiet};
+use engine::sys::mman::{self, PAGE_SIZE};
+use libc::{c_int, c_void, off_t, size_t};
+
+/// Whether `flags` make anonymous private memory the engine may serve.
+fn anon_private(flags: c_int) -> bool {
+    flags & libc::MAP_ANONYMOUS != 0
+        && flags & libc::MAP_PRIVATE != 0
+        && flags & (libc::MAP_SHARED | libc::MAP_GROWSDOWN | libc::MAP_HUGETLB) == 0
+}
+
+/// After a successful mmap at `p`: large anonymous private mappings are registered (the first
+/// starts the engine), and so are small `MAP_FIXED` ones inside or next to served memory.
+/// Registration sets a VMA flag; a piece left unregistered between registered ones would stay
+/// a VMA of its own where natively they merge, and an `mremap` over them would then fail.
+fn after_mmap(p: usize, len: usize, flags: c_int) {
+    if !anon_private(flags) {
+        return;
+    }
+    let big = len >= threshold();
+    let fixed = flags & (libc::MAP_FIXED | libc::MAP_FIXED_NOREPLACE) != 0;
+    if !big && !fixed {
+        return;
+    }
+    let Some(_g) = enter() else { return };
+    let _q = Quiet::new();
+    let e = if big { state::engine() } else { state::running() };
+    let Some(e) = e else { return };
+    let len = len.next_multiple_of(PAGE_SIZE);
+    if !big && !(e.serves(p.wrapping_sub(PAGE_SIZE)) || e.serves(p + len) || e.serves(p)) {
+        return;
+    }
+    // SAFETY: a fresh anonymous private mapping of the program's; the engine fills its missing
+    // pages with zeros, as the kernel would, and forgets it on munmap (UNMAP event).
+    let _ = unsafe { e.adopt(p, len, true) };
+}
+
+/// mmap(2) as a system call: MAP_FAILED and errno on failure, like libc's.
+unsafe fn sys_mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+    // SAFETY: the caller upholds mmap's contract.
+    unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let p = unsafe { sys_mmap(addr, len, prot, flags, fd, off) };
+    if p != libc::MAP_FAILED {
+        after_mmap(p as usize, len, flags);
+    }
+    p
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+    // SAFETY: as mmap (off_t is 64-bit here).
+    unsafe { mmap(addr, len, prot, flags, fd, off) }
+}
+
+/// mremap(2) as a system call. `new_addr` is read by the kernel only with MREMAP_FIXED.
+unsafe fn sys_mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+    // SAFETY: the caller upholds mremap's contract.
+    unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void }
+}
+
+/// mremap(2). C declares it variadic (`new_address` only with MREMAP_FIXED); on the Linux
+/// ABIs the variadic integer argument arrives in the same register as a fifth fixed one, which
+/// is only read when the flags say it was passed.
+///
+/// Natively the range must lie in one VMA. Registration can keep pieces apart that would have
+/// merged (a piece mapped before the engine started, one the engine handed back): if the call
+/// fails with EFAULT over served memory, the range is handed back to the kernel (its pieces
+/// merge as they would natively) and the call made again, so the program sees the native
+/// result. After a success the engine serves what the program now has there: the grown part
+/// (which the kernel registered with the rest, but the engine did not know), the source of a
+/// MREMAP_DONTUNMAP (still registered, now empty), and memory handed back for the retry.
+#[no_mangle]
+pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+    let Some(g) = enter() else {
+        // SAFETY: the caller's arguments, passed on unchanged.
+        return unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
+    };
+    let e = state::running();
+    let served = e.is_some_and(|e| e.serves(old as usize));
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let mut r = unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
+    let Some(e) = e else { return r };
+    let mut handed_back = false;
+    if r == libc::MAP_FAILED && state::errno() == libc::EFAULT {
+        let q = Quiet::new();
+        let len = old_len.next_multiple_of(PAGE_SIZE);
+        let any = (0..len).step_by(PAGE_SIZE.max(len / 64)).any(|o| e.serves(old as usize + o)) || served;
+        drop(q);
+        if any {
+            {
+                let _q = Quiet::new();
+                e.release(old as usize, len);
+            }
+            handed_back = true;
+            // SAFETY: the caller's arguments again, with the range no longer registered.
+            r = unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
+        }
+    }
+    if r == libc::MAP_FAILED {
+        return r;
+    }
+    let _q = Quiet::new();
+    let (at, old_len, new_len) = (r as usize, old_len.next_multiple_of(PAGE_SIZE), new_len.next_multiple_of(PAGE_SIZE));
+    // SAFETY (all three): memory the program now owns as anonymous private memory at these
+    // addresses, registered by the kernel with the rest of its mapping (or handed back above);
+    // the engine fills missing pages with zeros as the kernel would.
+    if handed_back && new_len >= threshold() {
+        let _ = unsafe { e.adopt(at, new_len, false) };
+    } else if served {
+        if flags & libc::MREMAP_DONTUNMAP != 0 {
+            let _ = unsafe { e.adopt(old as usize, old_len, false) };
+        }
+        if new_len > old_len {
+            let _ = unsafe { e.adopt(at + old_len, new_len - old_len, true) };
+        }
+    }
+    drop(g);
+    r
+}
+
+/// mlockall(2). `MCL_CURRENT` would lock and populate every mapping, the engine's pool and
+/// staging reservations and the arena's free space among them: those are made `PROT_NONE`
+/// first (never populated), and the engine's own mappings unlocked afterwards. `MCL_FUTURE`
+/// is remembered, so that new arena blocks are locked as a native mapping would be.
+#[no_mangle]
+pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
+    let g = enter();
+    let e = g.as_ref().and_then(|_| state::running());
+    let current = flags & libc::MCL_CURRENT != 0;
+    if current {
+        if let Some(e) = e {
+            let _q = Quiet::new();
+            e.before_mlockall();
+        }
+    }
+    // SAFETY: mlockall takes one int of flags.
+    let r = unsafe { libc::syscall(libc::SYS_mlockall, flags) } as c_int;
+    if current {
+        let _q = Quiet::new();
+        if let Some(e) = e {
+            e.after_mlockall();
+        }
+        if let Some(a) = arena() {
+            a.each_free(|addr, len| {
+                let _ = mman::munlock(addr, len);
+            });
+        }
+    }
+    if r == 0 && g.is_some() {
+        set_lock_future(flags & libc::MCL_FUTURE != 0);
+    }
+    r
+}
+
+/// Remembers whether new memory is locked (`mlockall(MCL_FUTURE)`), and pauses the pool
+/// meanwhile (see [`engine::Engine::pause_pool`]).
+fn set_lock_future(on: bool) {
+    state::set_lock_future(on);
+    if let Some(e) = state::running() {
+        let _q = Quiet::new();
+        e.pause_pool(on);
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn munlockall() -> c_int {
+    // SAFETY: munlockall takes no argument.
+    let r = unsafe { libc::syscall(libc::SYS_munlockall) } as c_int;
+    if r == 0 {
+        if let Some(_g) = enter() {
+            set_lock_future(false);
+        }
+    }
+    r
+}

@@ -1,0 +1,432 @@
+//! The shim's state: options read at load, the engine and the arena started on the first
+//! large request, fork handlers, the exit report.
+//!
+//! Load costs only the symbol lookups and the options: a process that never makes a large
+//! request starts no thread, opens no descriptor and reserves nothing.
+
+use crate::arena::Arena;
+use crate::next;
+use engine::stats::Stats;
+use engine::sys::mman::{PAGE_SIZE, PMD_SIZE};
+use engine::sys::raw;
+use engine::{Engine, Options};
+use libc::{c_char, c_void};
+use std::cell::Cell;
+use std::ffi::CStr;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, AtomicUsize, Ordering::*};
+use std::sync::OnceLock;
+
+/// Before the constructor ran.
+const UNINIT: u8 = 0;
+/// Loaded; the engine starts on the first large request.
+const IDLE: u8 = 1;
+/// One thread is starting the engine; the others pass through meanwhile.
+const STARTING: u8 = 2;
+const READY: u8 = 3;
+/// Disabled, refused options, or the engine could not start: every hook passes through.
+const OFF: u8 = 4;
+
+static STATE: AtomicU8 = AtomicU8::new(UNINIT);
+static ENGINE: AtomicPtr<Engine> = AtomicPtr::new(std::ptr::null_mut());
+static ARENA: AtomicPtr<Arena> = AtomicPtr::new(std::ptr::null_mut());
+/// The process whose engine `ENGINE` is (a vfork child shares our memory but must not use it).
+static ENGINE_PID: AtomicI32 = AtomicI32::new(0);
+/// The process that may start an engine: the one that loaded the shim, or a fork child (the
+/// fork handler says so). A vfork child runs no fork handler and never starts one.
+static OWNER_PID: AtomicI32 = AtomicI32::new(0);
+/// The process that loaded the shim (it prints the stats).
+static ROOT_PID: AtomicI32 = AtomicI32::new(0);
+static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
+static OPTIONS: OnceLock<Options> = OnceLock::new();
+/// Counters shared by this process's engine and its forked children's (MAP_SHARED), when
+/// `ZEROFAULT_STATS` asks for the exit report.
+static STATS: AtomicPtr<Stats> = AtomicPtr::new(std::ptr::null_mut());
+/// A copy of stderr taken at start-up for the exit report: programs (coreutils among them)
+/// close fd 2 in their own atexit handlers, which run before library destructors.
+static REPORT_FD: AtomicI32 = AtomicI32::new(2);
+/// The program asked `mlockall(MCL_FUTURE)`: new arena blocks are locked, as a native mapping
+/// would be.
+static LOCK_FUTURE: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Inside a hook (or the constructor): nested calls pass straight through.
+    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the thread as inside the shim until dropped.
+pub struct Guard;
+
+/// `None` if the thread already is inside the shim.
+pub fn enter() -> Option<Guard> {
+    IN_HOOK.with(|f| {
+        if f.get() {
+            None
+        } else {
+            f.set(true);
+            Some(Guard)
+        }
+    })
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        IN_HOOK.with(|f| f.set(false));
+    }
+}
+
+/// While the engine works on a program thread from a hook: `errno` is put back as it was,
+/// and every signal is blocked, so that a signal handler that maps memory cannot find the
+/// engine's locks held by the very thread it interrupted.
+pub struct Quiet {
+    errno: i32,
+    mask: u64,
+}
+
+impl Quiet {
+    pub fn new() -> Quiet {
+        let all = u64::MAX;
+        let mut mask = 0u64;
+        // SAFETY: rt_sigprocmask reads `all` and writes `mask`, 8-byte kernel sigsets.
+        let _ = unsafe {
+            raw::call(
+                libc::SYS_rt_sigprocmask,
+                [libc::SIG_SETMASK as usize, &all as *const u64 as usize, &mut mask as *mut u64 as usize, 8, 0, 0],
+            )
+        };
+        Quiet { errno: errno(), mask }
+    }
+}
+
+impl Drop for Quiet {
+    fn drop(&mut self) {
+        set_errno(self.errno);
+        // SAFETY: restores the mask saved by `new`.
+        let _ = unsafe {
+            raw::call(
+                libc::SYS_rt_sigprocmask,
+                [libc::SIG_SETMASK as usize, &self.mask as *const u64 as usize, 0, 8, 0, 0],
+            )
+        };
+    }
+}
+
+pub fn errno() -> i32 {
+    // SAFETY: errno is this thread's.
+    unsafe { *libc::__errno_location() }
+}
+
+pub fn set_errno(e: i32) {
+    // SAFETY: errno is this thread's.
+    unsafe { *libc::__errno_location() = e };
+}
+
+pub fn getpid() -> i32 {
+    // SAFETY: getpid has no arguments and no side effect.
+    unsafe { raw::syscall(libc::SYS_getpid, [0; 6]) as i32 }
+}
+
+/// Writes one line to stderr without buffering; errno is kept.
+pub fn say(line: &str) {
+    let s = format!("{line}\n");
+    // SAFETY: writes a valid buffer of its stated length to fd 2.
+    let _ = unsafe { raw::call(libc::SYS_write, [2, s.as_ptr() as usize, s.len(), 0, 0, 0]) };
+}
+
+/// A pointer the program handed to `free` or `realloc` that no live block starts at: one line
+/// naming it, then abort, as glibc does.
+pub fn abort_invalid(call: &str, p: *mut c_void) -> ! {
+    say(&format!(
+        "zerofault: {call}(): invalid pointer {p:p} (a double free, or not a block the allocator returned)"
+    ));
+    // SAFETY: abort has no preconditions.
+    unsafe { libc::abort() }
+}
+
+/// Requests of at least this many bytes are large.
+pub fn threshold() -> usize {
+    THRESHOLD.load(Relaxed)
+}
+
+pub fn lock_future() -> bool {
+    LOCK_FUTURE.load(Relaxed)
+}
+
+pub fn set_lock_future(on: bool) {
+    LOCK_FUTURE.store(on, Relaxed);
+}
+
+fn in_this_process() -> bool {
+    ENGINE_PID.load(Acquire) == getpid()
+}
+
+/// The engine, if it runs in this process and the caller may use it; never starts it.
+pub fn running() -> Option<&'static Engine> {
+    if engine::in_engine_thread() || STATE.load(Acquire) != READY || !in_this_process() {
+        return None;
+    }
+    let e = ENGINE.load(Acquire);
+    // SAFETY: ENGINE points to a leaked Box<Engine> that is never freed while READY.
+    (!e.is_null()).then(|| unsafe { &*e })
+}
+
+/// The engine, started now if this is the first large request. `None` on engine threads, in
+/// vfork children, while another thread is starting it, and when it is off.
+pub fn engine() -> Option<&'static Engine> {
+    if STATE.load(Acquire) == IDLE && !engine::in_engine_thread() && OWNER_PID.load(Acquire) == getpid() {
+        start();
+    }
+    running()
+}
+
+/// The arena, once the engine made it.
+pub fn arena() -> Option<&'static Arena> {
+    let a = ARENA.load(Acquire);
+    // SAFETY: ARENA points to a leaked Box<Arena>, never freed.
+    (!a.is_null()).then(|| unsafe { &*a })
+}
+
+/// The soft `RLIMIT_AS` / `RLIMIT_DATA`, whichever is lower, when either is finite: then the
+/// engine reserves no arena and a pool of a thirty-second of it at most, so that what the
+/// program may map stays what it would be without the shim, within that.
+fn memory_limit() -> Option<usize> {
+    let soft = |res: u32| {
+        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        // SAFETY: prlimit64(0, res, NULL, &l) reads our own limit into `l`.
+        let r = unsafe {
+            raw::call(
+                libc::SYS_prlimit64,
+                [0, res as usize, 0, &mut l as *mut libc::rlimit as usize, 0, 0],
+            )
+        };
+        r.ok().map(|_| l.rlim_cur).filter(|c| *c != libc::RLIM_INFINITY)
+    };
+    let (a, d) = (soft(libc::RLIMIT_AS as u32), soft(libc::RLIMIT_DATA as u32));
+    a.into_iter().chain(d).min().map(|l| l as usize)
+}
+
+fn start() {
+    if STATE.compare_exchange(IDLE, STARTING, AcqRel, Acquire).is_err() {
+        return;
+    }
+    let Some(mut opts) = OPTIONS.get().cloned() else {
+        STATE.store(OFF, Release);
+        return;
+    };
+    let limit = memory_limit();
+    if let Some(l) = limit {
+        let pool = (l / 32) / PMD_SIZE * PMD_SIZE;
+        opts.pool_max = opts.pool_max.min(pool);
+        if opts.pool_max < 2 * PMD_SIZE {
+            opts.pool = false;
+            opts.pool_max = PMD_SIZE;
+        }
+        opts.scrub_stop = opts.scrub_stop.min(opts.pool_max);
+        opts.scrub_start = opts.scrub_start.min(opts.scrub_stop);
+    }
+    let stats = STATS.load(Acquire);
+    let started = if stats.is_null() {
+        Engine::new(opts.clone())
+    } else {
+        // SAFETY: STATS points to a MAP_SHARED block of size_of::<Stats>() zeroed bytes (all
+        // zero is a valid Stats of atomics), mapped for the life of the process.
+        Engine::with_stats(opts.clone(), unsafe { &*stats })
+    };
+    let e = match started {
+        Ok(e) => e,
+        Err(why) => {
+            if opts.stats {
+                say(&format!("zerofault: the engine did not start ({why}); running on plain memory"));
+            }
+            STATE.store(OFF, Release);
+            return;
+        }
+    };
+    // The arena: made once (a forked child keeps its parent's and registers it again), never
+    // under a memory limit.
+    if ARENA.load(Acquire).is_null() && opts.preload_arena > 0 && limit.is_none() {
+        if let Ok(a) = Arena::new(opts.preload_arena) {
+            ARENA.store(Box::into_raw(Box::new(a)), Release);
+        }
+    }
+    if let Some(a) = arena() {
+        let (base, len) = a.area();
+        // SAFETY: the arena is our own anonymous private reservation, mapped for the life of
+        // the process and registered with no other userfaultfd (a fork child's registration was
+        // dropped by the kernel). Blocks already handed out (in a fork child) may hold pages.
+        if unsafe { e.adopt(base, len, false) }.is_err() {
+            ARENA.store(std::ptr::null_mut(), Release); // large mallocs pass through
+        }
+    }
+    if lock_future() {
+        e.pause_pool(true);
+    }
+    ENGINE.store(Box::into_raw(Box::new(e)), Release);
+    ENGINE_PID.store(getpid(), Release);
+    STATE.store(READY, Release);
+}
+
+/// Reads `ZEROFAULT_*` straight from `environ` (no std::env: it may not be set up yet).
+fn env_lookup(name: &str) -> Option<String> {
+    extern "C" {
+        static environ: *const *const c_char;
+    }
+    // SAFETY: environ is the process's NULL-terminated array of NUL-terminated strings; it is
+    // read in the constructor, before the program's main can change it.
+    unsafe {
+        let mut p = environ;
+        if p.is_null() {
+            return None;
+        }
+        while !(*p).is_null() {
+            let kv = CStr::from_ptr(*p).to_bytes();
+            if kv.len() > name.len() && kv.starts_with(name.as_bytes()) && kv[name.len()] == b'=' {
+                return Some(String::from_utf8_lossy(&kv[name.len() + 1..]).into_owned());
+            }
+            p = p.add(1);
+        }
+    }
+    None
+}
+
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = init;
+
+#[used]
+#[link_section = ".fini_array"]
+static FINI: extern "C" fn() = fini;
+
+extern "C" fn init() {
+    let Some(_g) = enter() else { return };
+    let saved = errno();
+    next::resolve();
+    init_options();
+    set_errno(saved);
+}
+
+fn init_options() {
+    let opts = match Options::from_lookup(env_lookup) {
+        Ok(o) => o,
+        Err(e) => {
+            say(&format!("zerofault: {e}; running without the engine"));
+            STATE.store(OFF, Release);
+            return;
+        }
+    };
+    ROOT_PID.store(getpid(), Release);
+    OWNER_PID.store(getpid(), Release);
+    if opts.disable {
+        STATE.store(OFF, Release);
+        return;
+    }
+    // Engine threads are made with clone(2) on TLS of their own; what they copy is read here,
+    // where the dynamic loader's lock is safe to take.
+    if let Err(why) = engine::sys::thread::prepare() {
+        if opts.stats {
+            say(&format!("zerofault: {why}; running without the engine"));
+        }
+        STATE.store(OFF, Release);
+        return;
+    }
+    if opts.stats {
+        // SAFETY: fcntl on fd 2; a failure leaves the report on fd 2 itself.
+        let fd = unsafe { raw::call(libc::SYS_fcntl, [2, libc::F_DUPFD_CLOEXEC as usize, 512, 0, 0, 0]) };
+        if let Ok(fd) = fd {
+            REPORT_FD.store(fd as i32, Release);
+        }
+        let len = std::mem::size_of::<Stats>().next_multiple_of(PAGE_SIZE);
+        // SAFETY: a fresh shared anonymous mapping; checked below.
+        let s = unsafe {
+            raw::call(
+                libc::SYS_mmap,
+                [
+                    0,
+                    len,
+                    (libc::PROT_READ | libc::PROT_WRITE) as usize,
+                    (libc::MAP_SHARED | libc::MAP_ANONYMOUS) as usize,
+                    usize::MAX,
+                    0,
+                ],
+            )
+        };
+        if let Ok(s) = s {
+            STATS.store(s as *mut Stats, Release);
+        }
+    }
+    THRESHOLD.store(opts.preload_threshold.max(PAGE_SIZE), Release);
+    let _ = OPTIONS.set(opts);
+    // SAFETY: the handlers are plain extern "C" functions that take and release spin locks,
+    // store atomics and close one descriptor.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    STATE.store(IDLE, Release);
+}
+
+extern "C" fn fork_prepare() {
+    engine::sys::alloc::EngineAlloc::lock_all();
+    if let Some(a) = arena() {
+        a.lock().lock();
+    }
+}
+
+extern "C" fn fork_parent() {
+    if let Some(a) = arena() {
+        a.lock().unlock();
+    }
+    engine::sys::alloc::EngineAlloc::unlock_all();
+}
+
+/// The child of a fork: the engine is the parent's (its threads are not here, its
+/// userfaultfd serves the parent). Close our copy of the descriptor now, so that the parent
+/// failing open is never held up by it, forget the engine, and start afresh on the first large
+/// request. Only atomics and close(2): async-signal-safe, as a fork child requires.
+extern "C" fn fork_child() {
+    if let Some(a) = arena() {
+        a.lock().unlock();
+    }
+    engine::sys::alloc::EngineAlloc::unlock_all();
+    OWNER_PID.store(getpid(), Release);
+    if STATE.load(Acquire) != READY {
+        return;
+    }
+    let old = ENGINE.swap(std::ptr::null_mut(), AcqRel);
+    if !old.is_null() {
+        // SAFETY: a leaked Box<Engine>, never freed; only its descriptor is closed here.
+        unsafe { &*old }.close_after_fork();
+    }
+    STATE.store(IDLE, Release);
+}
+
+extern "C" fn fini() {
+    let Some(_g) = enter() else { return };
+    let Some(o) = OPTIONS.get() else { return };
+    if !o.stats || getpid() != ROOT_PID.load(Acquire) {
+        return;
+    }
+    let s = STATS.load(Acquire);
+    if s.is_null() {
+        return;
+    }
+    // SAFETY: see start: a live MAP_SHARED Stats block.
+    let snap = unsafe { &*s }.snapshot();
+    if snap.pages_served() == 0 && snap.fault_events == 0 {
+        return; // served nothing: nothing to say
+    }
+    let mut out = format!(
+        "zerofault: stats of pid {} and the children it forked\nzerofault: pages_served {}\n",
+        ROOT_PID.load(Acquire),
+        snap.pages_served()
+    );
+    for line in snap.to_text().lines() {
+        out += &format!("zerofault: {line}\n");
+    }
+    let fd = REPORT_FD.load(Acquire) as usize;
+    // SAFETY: writes a valid buffer of its stated length to our copy of stderr.
+    let _ = unsafe { raw::call(libc::SYS_write, [fd, out.as_ptr() as usize, out.len(), 0, 0, 0]) };
+}
+
+/// The counters this process reports (shared with its children when stats are on).
+pub fn stats_block() -> Option<&'static Stats> {
+    let s = STATS.load(Acquire);
+    // SAFETY: see start: a live MAP_SHARED Stats block.
+    (!s.is_null()).then(|| unsafe { &*s })
+}
