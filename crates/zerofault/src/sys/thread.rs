@@ -1,5 +1,5 @@
 //! Thread-level syscalls: the engine's own threads, futexes, scheduling class, CPU affinity,
-//! thread CPU time, tid, load average.
+//! thread CPU time, tid, a one-instruction thread id, load average.
 
 use super::mman::{self, PAGE_SIZE};
 use super::raw;
@@ -68,6 +68,7 @@ struct TlsLayout {
 
 /// The calling thread's thread pointer (`%fs:0`, glibc's self-pointer).
 #[cfg(target_arch = "x86_64")]
+#[inline]
 fn tcb_word(offset: usize) -> usize {
     let v: usize;
     // SAFETY: glibc's x86-64 TCB starts at %fs and holds at least 0x80 bytes of header words;
@@ -76,6 +77,38 @@ fn tcb_word(offset: usize) -> usize {
         std::arch::asm!("mov {}, qword ptr fs:[{}]", out(reg) v, in(reg) offset, options(nostack, readonly, preserves_flags));
     }
     v
+}
+
+/// A word that names the calling thread among the live threads of the process, never 0: its
+/// thread pointer (one instruction, no thread-local access, no allocation). Valid on the
+/// program's threads and on engine threads alike, and inside a signal handler (which runs on
+/// the thread it interrupted, so it reads the same word). A thread that has exited may see its
+/// word reused by a later thread.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn thread_id() -> usize {
+    tcb_word(0)
+}
+
+/// See the x86-64 version: here `tpidr_el0`.
+#[cfg(target_arch = "aarch64")]
+#[inline]
+pub fn thread_id() -> usize {
+    let v: usize;
+    // SAFETY: reading the EL0 thread pointer register has no side effect.
+    unsafe { std::arch::asm!("mrs {}, tpidr_el0", out(reg) v, options(nomem, nostack, preserves_flags)) };
+    v
+}
+
+/// See the x86-64 version: here the address of a thread-local byte (const-initialised, no
+/// destructor, so no allocation and no registration).
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+#[inline]
+pub fn thread_id() -> usize {
+    thread_local! {
+        static ME: u8 = const { 0 };
+    }
+    ME.with(|b| b as *const u8 as usize)
 }
 
 static LAYOUT: OnceLock<Result<TlsLayout, &'static str>> = OnceLock::new();
