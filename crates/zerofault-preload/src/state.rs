@@ -362,7 +362,7 @@ fn init_options() {
 }
 
 extern "C" fn fork_prepare() {
-    engine::sys::alloc::EngineAlloc::lock_all();
+    engine::sys::alloc::fork_prepare();
     if let Some(a) = arena() {
         a.lock().lock();
     }
@@ -372,7 +372,7 @@ extern "C" fn fork_parent() {
     if let Some(a) = arena() {
         a.lock().unlock();
     }
-    engine::sys::alloc::EngineAlloc::unlock_all();
+    engine::sys::alloc::fork_parent();
 }
 
 /// The child of a fork: the engine is the parent's (its threads are not here, its
@@ -383,7 +383,7 @@ extern "C" fn fork_child() {
     if let Some(a) = arena() {
         a.lock().unlock();
     }
-    engine::sys::alloc::EngineAlloc::unlock_all();
+    engine::sys::alloc::fork_child();
     OWNER_PID.store(getpid(), Release);
     if STATE.load(Acquire) != READY {
         return;
