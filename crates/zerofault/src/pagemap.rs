@@ -25,6 +25,12 @@
 //!   A leaf is made on the first `claim` / `set` that lands in it; an absent leaf reads as all
 //!   clear, so `is_claimed`, `clear`, `count`, `count_range` and `slice` skip it. A leaf lives
 //!   until the map is dropped (a cut copies only the words that have bits into the new maps).
+//!   Leaf `i` is page `i` of the map's *arena*, one `MAP_NORESERVE` mapping of 4 KiB per leaf
+//!   the map could have (a 16 TiB map: 512 MiB of address space), made with the first leaf.
+//!   Making a leaf is then no system call: its page is faulted in by the first bit written to
+//!   it, and an arena page no leaf uses is never touched, so it costs nothing but address
+//!   space. One mapping per map also keeps the process's mapping count (`vm.max_map_count`)
+//!   out of it, and its drop is one munmap.
 //! - **Directory**: one slot per leaf holding its address, 0 while absent. Up to
 //!   [`INLINE_WORDS`] slots live in the map itself (ranges up to 2 GiB: no mapping at all for
 //!   the directory); a larger directory is a `MAP_NORESERVE` mapping whose untouched pages cost
@@ -36,8 +42,9 @@
 //!
 //! Leaves and directories come from raw `mmap` ([`crate::sys::mman`]), never from the global
 //! allocator: they go back to the kernel when the map is dropped, and under the LD_PRELOAD shim
-//! the engine never calls into the program's allocator. Making a leaf costs the four system
-//! calls of [`mman::map_private`], once per 128 MiB touched; the hot path (`claim`, `is_claimed`) adds one load of the
+//! the engine never calls into the program's allocator. A map that gets leaves pays the system
+//! calls of [`mman::map_private`] and one madvise (no huge pages: one leaf written must not
+//! make 2 MiB resident) once, at its first leaf; the hot path (`claim`, `is_claimed`) adds one load of the
 //! directory slot per leaf it crosses. If a leaf or a directory cannot be mapped (ENOMEM), the
 //! pages concerned are treated as if the map were not there: `claim` reports them all as newly
 //! claimed without recording them, `set` records nothing. Being a hint, the map stays correct:
@@ -53,11 +60,13 @@
 //!
 //! A leaf's publication is different: a thread that loads a slot dereferences the address it
 //! finds, and must see the leaf as it was made (zeroed by the kernel, a valid array of atomics).
-//! So the compare-and-exchange that installs a leaf is `AcqRel` (Release: the mapping happens
-//! before any reader's use; Acquire on failure: the loser sees the winner's leaf) and every
-//! slot load is `Acquire`. Two threads may race to make the same leaf; the loser unmaps its own
-//! and uses the winner's. Leaves are never unpublished while the map is shared: only `Drop`
-//! (with `&mut self`) unmaps them.
+//! So the compare-and-exchanges that install the arena and a leaf are `AcqRel` (Release: the
+//! mapping happens before any reader's use; Acquire on failure: the loser uses the winner's)
+//! and every load of the arena or a slot is `Acquire`: the arena's mmap happens before the
+//! arena is published, which happens before the leaf maker's slot CAS, which happens before
+//! any reader's use. Two threads may race to make the arena; the loser unmaps its own. Two
+//! threads that race to make a leaf install the same address. Nothing is unpublished while the
+//! map is shared: only `Drop` (with `&mut self`) unmaps.
 
 use crate::sys::mman::{self, PAGE_SIZE};
 use std::sync::atomic::{
@@ -69,7 +78,7 @@ use std::sync::atomic::{
 const LEAF_WORDS: u64 = (PAGE_SIZE / 8) as u64;
 /// Pages one leaf covers (32,768: 128 MiB of address space).
 pub const LEAF_PAGES: u64 = LEAF_WORDS * 64;
-/// Bytes of one leaf.
+/// Bytes of one leaf (one page of the arena).
 const LEAF_BYTES: usize = PAGE_SIZE;
 /// Words kept inside the map: bits of a small map, or the directory of a medium one.
 pub const INLINE_WORDS: usize = 16;
@@ -99,6 +108,8 @@ pub struct PageMap {
     dir: usize,
     /// Bytes of the directory mapping.
     dir_bytes: usize,
+    /// Address of the leaves' mapping ([`PageMap::arena_bytes`]), 0 until the first leaf.
+    arena: AtomicUsize,
     /// Leaves made (for [`PageMap::metadata_bytes`]).
     leaves: AtomicUsize,
     inline: [AtomicU64; INLINE_WORDS],
@@ -164,9 +175,15 @@ impl PageMap {
             kind,
             dir,
             dir_bytes,
+            arena: AtomicUsize::new(0),
             leaves: AtomicUsize::new(0),
             inline: Default::default(),
         }
+    }
+
+    /// Bytes of the arena: one leaf's worth per leaf the map could have.
+    fn arena_bytes(&self) -> usize {
+        self.pages.div_ceil(LEAF_PAGES) as usize * LEAF_BYTES
     }
 
     pub fn pages(&self) -> u64 {
@@ -174,7 +191,8 @@ impl PageMap {
     }
 
     /// Bytes mapped for this map beyond the struct itself: the directory mapping (all of it,
-    /// though only the pages holding a leaf's slot are resident) and the leaves made.
+    /// though only the pages holding a leaf's slot are resident) and the leaves made (the
+    /// arena's other pages are address space, never touched).
     pub fn metadata_bytes(&self) -> usize {
         self.dir_bytes + self.leaves.load(Relaxed) * LEAF_BYTES
     }
@@ -205,29 +223,41 @@ impl PageMap {
             if !create {
                 return None;
             }
-            addr = self.make_leaf(slot)?;
+            addr = self.make_leaf(leaf, slot)?;
         }
-        // SAFETY: a non-zero slot holds the address of a live leaf mapping of LEAF_BYTES, page
-        // aligned and zero-filled by the kernel, published with Release and loaded with Acquire
-        // (see the module documentation), written only through atomics; it is unmapped only in
-        // Drop, which holds `&mut self`, so it outlives this borrow of `self`.
+        // SAFETY: a non-zero slot holds the address of a leaf: one page of the arena, our live
+        // read-write mapping, page aligned and zero-filled by the kernel, published with Release
+        // and loaded with Acquire (see the module documentation), written only through atomics;
+        // the arena is unmapped only in Drop, which holds `&mut self`, so it outlives this
+        // borrow of `self`.
         Some(unsafe { &*(addr as usize as *const Leaf) })
     }
 
-    /// Maps a leaf and installs it in `slot`, or uses the one another thread installed first.
+    /// Installs leaf `leaf` in its `slot`, mapping the arena first if this is the map's first
+    /// leaf. None if the arena cannot be mapped.
     #[cold]
-    fn make_leaf(&self, slot: &AtomicU64) -> Option<u64> {
-        let new = mman::map_private(LEAF_BYTES, false).ok()?;
-        match slot.compare_exchange(0, new as u64, AcqRel, Acquire) {
+    fn make_leaf(&self, leaf: u64, slot: &AtomicU64) -> Option<u64> {
+        let mut arena = self.arena.load(Acquire);
+        if arena == 0 {
+            let len = self.arena_bytes();
+            let new = mman::map_private(len, true).ok()?;
+            let _ = mman::madvise(new, len, mman::MADV_NOHUGEPAGE);
+            arena = match self.arena.compare_exchange(0, new, AcqRel, Acquire) {
+                Ok(_) => new,
+                Err(theirs) => {
+                    let _ = mman::unmap(new, len);
+                    theirs
+                }
+            };
+        }
+        let addr = (arena + leaf as usize * LEAF_BYTES) as u64;
+        match slot.compare_exchange(0, addr, AcqRel, Acquire) {
             Ok(_) => {
                 self.leaves.fetch_add(1, Relaxed);
-                Some(new as u64)
             }
-            Err(theirs) => {
-                let _ = mman::unmap(new, LEAF_BYTES);
-                Some(theirs)
-            }
+            Err(theirs) => debug_assert_eq!(theirs, addr),
         }
+        Some(addr)
     }
 
     /// Word `w` (< the map's words), made if absent and `create`.
@@ -384,17 +414,9 @@ impl PageMap {
 
 impl Drop for PageMap {
     fn drop(&mut self) {
-        // Exclusive access: nothing installs or reads a slot concurrently. The scan stops at
-        // the last leaf made.
-        let mut left = *self.leaves.get_mut();
-        let (mut leaf, leaves) = (0, self.pages.div_ceil(LEAF_PAGES));
-        while left > 0 && leaf < leaves {
-            let addr = self.slot(leaf).map_or(0, |s| s.load(Relaxed));
-            if addr != 0 {
-                let _ = mman::unmap(addr as usize, LEAF_BYTES);
-                left -= 1;
-            }
-            leaf += 1;
+        let arena = *self.arena.get_mut();
+        if arena != 0 {
+            let _ = mman::unmap(arena, self.arena_bytes());
         }
         if self.dir != 0 {
             let _ = mman::unmap(self.dir, self.dir_bytes);
@@ -649,6 +671,7 @@ mod tests {
             kind: Kind::Lost,
             dir: 0,
             dir_bytes: 0,
+            arena: AtomicUsize::new(0),
             leaves: AtomicUsize::new(0),
             inline: Default::default(),
         };
