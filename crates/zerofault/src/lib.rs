@@ -524,6 +524,16 @@ impl Engine {
         self.shared.pool.as_ref().map_or(0, Pool::available)
     }
 
+    /// Bytes mapped for the page-state maps of the registered ranges (directories and leaves,
+    /// see [`pagemap`]): proportional to what was touched, not to what was registered.
+    pub fn metadata_bytes(&self) -> usize {
+        let ranges = self.shared.ranges.ranges();
+        ranges
+            .iter()
+            .map(|r| r.map.metadata_bytes() + r.tables.metadata_bytes())
+            .sum()
+    }
+
     /// A snapshot of the counters. It includes every install that woke a thread before this
     /// call: an install wakes the faulting thread before the handler has counted it, so a
     /// snapshot taken while the handler is inside a message waits (at most 50 ms) for it.

@@ -136,7 +136,7 @@ impl Table {
             self.by_start.remove(&r.start);
             let lo = r.page_of(start.max(r.start));
             let hi = r.page_of(end.min(r.end()));
-            cleared += r.map.slice(lo, hi - lo).count();
+            cleared += r.map.count_range(lo, hi - lo);
             if lo > 0 {
                 self.new_range(r.start, r.map.slice(0, lo), r.tables_of(r.start, lo), r.owner);
             }
@@ -396,5 +396,78 @@ mod tests {
         t.remap(base + 2 * PMD_SIZE, to, 2 * PMD_SIZE, u64::MAX);
         assert_eq!(tables_at(&t, to), [true, true]);
         assert_eq!(tables_at(&t, base + 4 * PMD_SIZE), [true, false]);
+    }
+
+    /// Engine metadata of every range of the table, in bytes beyond the structs.
+    fn metadata(t: &RangeTable) -> usize {
+        t.ranges()
+            .iter()
+            .map(|r| r.map.metadata_bytes() + r.tables.metadata_bytes())
+            .sum()
+    }
+
+    #[test]
+    fn a_16_tib_range_is_cut_and_moved_at_the_cost_of_what_is_touched() {
+        const GIB: usize = 1 << 30;
+        let clock = std::time::Instant::now();
+        let t = RangeTable::default();
+        let start = 1usize << 45; // no memory behind it: the table only keeps addresses
+        let pages = 1u64 << 32; // 16 TiB
+        let r = t.insert(start, pages, None);
+        let end = r.end();
+        // 1 GiB touched 4 GiB in, a few pages at both ends.
+        let (touched, touched_pages) = (start + 4 * GIB, (GIB / PAGE_SIZE) as u64);
+        r.map.set(r.page_of(touched), touched_pages);
+        r.mark_tables(touched, GIB);
+        r.map.set(0, 10);
+        r.mark_tables(start, 10 * PAGE_SIZE);
+        r.map.set(pages - 7, 7);
+        r.mark_tables(end - 7 * PAGE_SIZE, 7 * PAGE_SIZE);
+        assert_eq!(r.map.count(), touched_pages + 17);
+        let meta = metadata(&t);
+        assert!(meta < 2 << 20, "{meta} bytes for 16 TiB with 1 GiB touched");
+        drop(r);
+
+        // munmap of 1 TiB from the middle of the touched GiB.
+        let (cut_lo, cut_hi) = (touched + GIB / 2, touched + GIB / 2 + 1024 * GIB);
+        assert_eq!(t.unmap(cut_lo, cut_hi, u64::MAX), touched_pages / 2);
+        let head = t.find(start).unwrap();
+        let tail = t.find(cut_hi).unwrap();
+        assert_eq!(
+            (head.start, head.end(), tail.start, tail.end()),
+            (start, cut_lo, cut_hi, end)
+        );
+        assert_eq!(head.map.count(), 10 + touched_pages / 2);
+        assert_eq!(tail.map.count(), 7);
+        assert!(
+            head.map.is_claimed(head.page_of(cut_lo - PAGE_SIZE)) && !head.map.is_claimed(head.page_of(touched) - 1)
+        );
+        assert!(tail.map.is_claimed(tail.pages - 7) && !tail.map.is_claimed(tail.pages - 8));
+        assert!(!head.pmd_is_clear(start) && head.pmd_is_clear(start + PMD_SIZE));
+        assert!(!head.pmd_is_clear(touched) && head.pmd_is_clear(touched - PMD_SIZE));
+        assert!(!tail.pmd_is_clear(end - PAGE_SIZE) && tail.pmd_is_clear(end - PMD_SIZE - PAGE_SIZE));
+        assert_eq!(tail.tables.count(), 1);
+        drop((head, tail));
+
+        // mremap of 512 MiB holding a quarter of the touched GiB elsewhere: its bits go with it.
+        let (from, len, to) = (touched - GIB / 4, GIB / 2, 1usize << 46);
+        t.remap(from, to, len, u64::MAX);
+        let moved = t.find(to).unwrap();
+        assert_eq!((moved.start, moved.end(), moved.owner), (to, to + len, None));
+        assert_eq!(moved.map.count(), touched_pages / 4);
+        assert!(moved.map.is_claimed(moved.page_of(to + GIB / 4)));
+        assert!(!moved.map.is_claimed(moved.page_of(to + GIB / 4) - 1));
+        assert_eq!(moved.tables.count(), moved.tables.pages(), "tables assumed anywhere");
+        let head = t.find(start).unwrap();
+        assert_eq!((head.end(), head.map.count()), (from, 10));
+        let between = t.find(from + len).unwrap();
+        assert_eq!((between.start, between.end()), (from + len, cut_lo));
+        assert_eq!(between.map.count(), touched_pages / 4);
+        drop((moved, head, between));
+        assert_eq!(t.ranges().len(), 4);
+
+        let meta = metadata(&t);
+        assert!(meta < 4 << 20, "{meta} bytes after the cut and the move");
+        assert!(clock.elapsed().as_millis() < 2000, "took {:?}", clock.elapsed());
     }
 }

@@ -513,5 +513,101 @@ fn an_ioctl_refused_by_seccomp_fails_open_and_the_program_finishes() {
     assert!(!e.is_active(), "the engine failed open");
     let s = e.stats();
     assert_eq!((s.fail_opens, s.fail_open_errno), (1, libc::EPERM as u64), "{}", s.to_text());
+
+// ---- engine metadata -------------------------------------------------------------------------
+
+/// Resident bytes of this process, from /proc/self/statm.
+fn rss() -> usize {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap();
+    statm.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * PAGE_SIZE
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_16_tib_reservation_with_1_gib_touched_costs_little_metadata_all_returned_on_munmap() {
+    const NAME: &str = "a_16_tib_reservation_with_1_gib_touched_costs_little_metadata_all_returned_on_munmap";
+    if std::env::var(CHILD).is_err() {
+        // A child of its own: the RSS of this process is shared by every test running in it.
+        let out = run_child(NAME, &[], Duration::from_secs(120));
+        assert!(out.contains("CHILD-OK"), "{out}");
+        print!("{out}"); // the figures, with --nocapture
+        return;
+    }
+    const GIB: usize = 1 << 30;
+    let len = 16usize << 40;
+    // No pool: the process's RSS is then the touched memory plus the engine's own.
+    let e = engine_with(&[("pool", "off")]);
+    // SAFETY: a fresh anonymous reservation at an address the kernel chooses.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+    let base = p as usize;
+    let before = rss();
+    // SAFETY: [p, p + len) is our private read-write anonymous mapping, registered nowhere else;
+    // it stays mapped while the Region lives but for the munmap below, which is the point.
+    let r = unsafe { e.register(p as *mut u8, len) }.unwrap();
+    let start = Instant::now();
+    // 1 GiB from 5 TiB in, one write per page.
+    let at = base + (5 << 40);
+    for page in (at..at + GIB).step_by(PAGE_SIZE) {
+        // SAFETY: inside the registered reservation.
+        unsafe { (page as *mut u8).write_volatile(1) };
+    }
+    let touched = start.elapsed();
+    // Windows run ahead of the toucher: wait for the last install, count what was installed.
+    let mut copied = e.stats().pages_copied;
+    loop {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = e.stats().pages_copied;
+        if now == copied {
+            break;
+        }
+        copied = now;
+    }
+    let installed = copied as usize * PAGE_SIZE;
+    assert!((GIB..GIB + 16 * MIB).contains(&installed), "{}", e.stats().to_text());
+    let grown = rss() - before;
+    let meta = grown as isize - installed as isize;
+    println!(
+        "16 TiB reserved, 1 GiB touched in {touched:?}: RSS +{grown} bytes, {meta} beyond the {installed} installed"
+    );
+    let mapped = e.metadata_bytes();
+    println!("engine metadata: {mapped} bytes mapped (directories whole, resident or not)");
+    assert!(
+        meta < 16 << 20,
+        "{meta} bytes of engine metadata for 16 TiB with 1 GiB touched"
+    );
+    assert!((1..16 << 20).contains(&mapped), "{mapped}");
+
+    // munmap while registered: the handler reads UNMAP, drops the range and its maps.
+    // SAFETY: our own mapping; nothing refers to it any more (the Region only unregisters).
+    assert_eq!(unsafe { libc::munmap(p, len) }, 0);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while e.metadata_bytes() > 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(
+        e.metadata_bytes(),
+        0,
+        "the range outlived its munmap: {}",
+        e.stats().to_text()
+    );
+    let after = rss();
+    println!(
+        "after munmap: RSS {} bytes from before the registration",
+        after as isize - before as isize
+    );
+    // A little slack for the allocator's own pages (the table's node, the handler's scratch).
+    assert!(after < before + 256 * 1024, "RSS {after} did not fall back to {before}");
+    drop(r);
+    drop(e);
     println!("CHILD-OK");
 }
