@@ -1,6 +1,11 @@
 //! A small flag parser whose every error is one line naming the flag and what it accepts.
+//!
+//! Values are taken as written: blanks around a value (`--gb " 1"`) make it invalid, as for the
+//! `ZEROFAULT_*` knobs. Lists allow blanks after their commas (`1..2, 16`).
 
 use std::collections::BTreeMap;
+use zerofault::options::MAX_SIZE;
+use zerofault::sys::mman::PAGE_SIZE;
 
 /// Flags of one subcommand: name -> whether it takes a value.
 pub struct Spec {
@@ -78,7 +83,7 @@ impl Parsed {
     }
 
     /// The value of `--name` parsed by `parse`, or `default`; a refusal names the flag and
-    /// what it accepts.
+    /// what it accepts (and says so when the value has blanks around it).
     pub fn get<T>(
         &self,
         name: &str,
@@ -88,20 +93,55 @@ impl Parsed {
     ) -> Result<T, String> {
         match self.values.get(name) {
             None => Ok(default),
-            Some(v) => parse(v).ok_or_else(|| format!("--{name} {v:?} is invalid: it accepts {accepts}")),
+            Some(v) => parse(v).ok_or_else(|| invalid(name, v, accepts)),
         }
     }
 }
 
-/// `--gb F` as bytes, rounded up to whole pages.
+/// The one line refusing `--name value`.
+pub fn invalid(name: &str, value: &str, accepts: &str) -> String {
+    let blanks = if has_blank_ends(value) {
+        ", without blanks around it"
+    } else {
+        ""
+    };
+    format!("--{name} {value:?} is invalid: it accepts {accepts}{blanks}")
+}
+
+/// Whether `s` starts or ends with a blank (space, tab, newline...).
+pub fn has_blank_ends(s: &str) -> bool {
+    s.trim() != s
+}
+
+/// The largest `--gb`: the knobs' largest size, 2^47 bytes (128 TiB), in GiB.
+pub const MAX_GB: f64 = (MAX_SIZE >> 30) as f64;
+
+/// `--gb F` as bytes, rounded up to whole pages. [`gib_in`] keeps `gb` at most [`MAX_GB`];
+/// the cap here only keeps the rounding from overflowing if a caller skipped it.
 pub fn gib_bytes(gb: f64) -> usize {
-    ((gb * (1u64 << 30) as f64) as usize).next_multiple_of(zerofault::sys::mman::PAGE_SIZE)
+    ((gb * (1u64 << 30) as f64) as usize)
+        .min(MAX_SIZE)
+        .next_multiple_of(PAGE_SIZE)
+}
+
+/// What `--gb` accepts in bench and report: one page up to 128 TiB.
+pub const GB_ACCEPTS: &str = "a size in GiB, at least one 4 KiB page and at most 131072 (128 TiB), e.g. 1 or 0.25";
+
+/// A size in GiB of at least `min_bytes` (a multiple of the page size) and at most
+/// [`MAX_GB`]: a finite number, no blanks around it.
+pub fn gib_in(min_bytes: usize) -> impl Fn(&str) -> Option<f64> {
+    debug_assert!(min_bytes > 0 && min_bytes % PAGE_SIZE == 0);
+    move |s| positive_f64(s).filter(|gb| *gb <= MAX_GB && *gb * (1u64 << 30) as f64 >= min_bytes as f64)
 }
 
 /// A list of integers in `lo..=hi`: `1,2,4`, `1..4` (every integer from 1 to 4) or a mix
-/// (`1..3,8`); each value once, at most 256 entries.
+/// (`1..3,8`); each value once, at most 256 entries. Blanks are allowed around its commas and
+/// `..`, not around the whole list.
 pub fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> {
     move |s| {
+        if has_blank_ends(s) {
+            return None;
+        }
         let mut out = Vec::new();
         for item in s.split(',') {
             let item = item.trim();
@@ -126,14 +166,14 @@ pub fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> {
     }
 }
 
-/// A positive float, finite.
+/// A positive float, finite; no blanks around it.
 pub fn positive_f64(s: &str) -> Option<f64> {
-    s.trim().parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0)
+    s.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0)
 }
 
-/// An integer in `lo..=hi`.
+/// An integer in `lo..=hi`; no blanks around it.
 pub fn int_in(lo: u64, hi: u64) -> impl Fn(&str) -> Option<u64> {
-    move |s| s.trim().parse::<u64>().ok().filter(|v| (lo..=hi).contains(v))
+    move |s| s.parse::<u64>().ok().filter(|v| (lo..=hi).contains(v))
 }
 
 #[cfg(test)]
@@ -174,6 +214,51 @@ mod tests {
         let p = SPEC.parse(&args("--gb -1")).unwrap();
         let e = p.get("gb", 1.0, "a positive size in GiB", positive_f64).unwrap_err();
         assert_eq!(e, "--gb \"-1\" is invalid: it accepts a positive size in GiB");
+    }
+
+    #[test]
+    fn sizes_in_gib_are_bounded_and_taken_as_written() {
+        let gb = gib_in(PAGE_SIZE);
+        assert_eq!(gb("0.25"), Some(0.25));
+        assert_eq!(gb("131072"), Some(MAX_GB));
+        assert_eq!(gb("0.000003814697265625"), Some(PAGE_SIZE as f64 / (1u64 << 30) as f64));
+        for bad in [
+            "131072.5",
+            "1e30",
+            "18446744073709551615",
+            "inf",
+            "0.0000038",
+            "0",
+            " 1",
+            "1 ",
+            "1\t",
+            "",
+        ] {
+            assert_eq!(gb(bad), None, "{bad:?}");
+        }
+        assert_eq!(gib_in(4 << 20)("0.00390625"), Some(0.00390625));
+        assert_eq!(gib_in(4 << 20)("0.0039"), None);
+        // The largest --gb rounds without overflow; a caller that skipped gib_in is capped.
+        assert_eq!(gib_bytes(MAX_GB), MAX_SIZE);
+        assert_eq!(gib_bytes(1e30), MAX_SIZE);
+        assert_eq!(gib_bytes(1e-9), PAGE_SIZE);
+    }
+
+    #[test]
+    fn blanks_around_values_are_refused_and_said() {
+        assert_eq!(int_in(1, 10)(" 3"), None);
+        assert_eq!(int_in(1, 10)("3\n"), None);
+        assert_eq!(positive_f64("0.5 "), None);
+        let l = int_list(1, 64);
+        assert_eq!(l(" 1,2"), None);
+        assert_eq!(l("1,2 "), None);
+        assert_eq!(l("1, 2"), Some(vec![1, 2]), "blanks after a comma are the list's");
+        let p = SPEC.parse(&["--gb".to_string(), " 2".to_string()]).unwrap();
+        let e = p.get("gb", 1.0, "a size in GiB", positive_f64).unwrap_err();
+        assert_eq!(
+            e,
+            "--gb \" 2\" is invalid: it accepts a size in GiB, without blanks around it"
+        );
     }
 
     #[test]

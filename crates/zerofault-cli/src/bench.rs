@@ -27,7 +27,9 @@
 //!   `engine:pool=off` (no prezeroing), `engine:start_order=0:max_order=0` (no anticipatory
 //!   prefault).
 
-use crate::args::{gib_bytes, int_in, int_list, positive_f64, Parsed, Spec};
+use crate::args::{
+    gib_bytes, gib_in, has_blank_ends, int_in, int_list, invalid, positive_f64, Parsed, Spec, GB_ACCEPTS,
+};
 use crate::progress::Progress;
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
@@ -121,10 +123,10 @@ impl Mode {
         self.base == Base::Native && self.knobs.is_empty()
     }
 
-    /// Parses one mode; the error says what is wrong in one line.
+    /// Parses one mode of the `--mode` list (blanks around it are the list's, allowed after
+    /// its commas); the error says what is wrong in one line.
     pub fn parse(s: &str) -> Result<Mode, String> {
-        let accepts = "it accepts a comma-separated list of native, thp, populate, engine, engine-cold, \
-                       and engine:KNOB=VALUE[:KNOB=VALUE...] or engine-cold:KNOB=VALUE...";
+        let accepts = format!("it accepts {MODE_ACCEPTS}");
         let mut parts = s.trim().split(':');
         let head = parts.next().unwrap_or_default();
         let base = Base::ALL
@@ -169,7 +171,25 @@ impl Mode {
         o.validate().map_err(|e| e.to_string())?;
         Ok(o)
     }
+
+    /// The `--mode` list: modes separated by commas (blanks allowed after them), each once.
+    pub fn parse_list(s: &str) -> Result<Vec<Mode>, String> {
+        if has_blank_ends(s) {
+            return Err(invalid("mode", s, MODE_ACCEPTS));
+        }
+        let modes = s.split(',').map(Mode::parse).collect::<Result<Vec<_>, _>>()?;
+        for (i, m) in modes.iter().enumerate() {
+            if modes[..i].contains(m) {
+                return Err(format!("--mode {s:?} is invalid: {} is listed twice", m.name()));
+            }
+        }
+        Ok(modes)
+    }
 }
+
+/// What `--mode` accepts.
+const MODE_ACCEPTS: &str = "a comma-separated list of native, thp, populate, engine, engine-cold, \
+                            and engine:KNOB=VALUE[:KNOB=VALUE...] or engine-cold:KNOB=VALUE...";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Pattern {
@@ -189,7 +209,7 @@ impl Pattern {
     }
 
     fn parse(s: &str) -> Option<Pattern> {
-        match s.trim() {
+        match s {
             "seq" => Some(Pattern::Seq),
             "random" => Some(Pattern::Random),
             other => {
@@ -253,18 +273,10 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
     let d = BenchArgs::default();
     let modes = match p.raw("mode") {
         None => d.modes,
-        Some(s) => {
-            let modes = s.split(',').map(Mode::parse).collect::<Result<Vec<_>, _>>()?;
-            for (i, m) in modes.iter().enumerate() {
-                if modes[..i].contains(m) {
-                    return Err(format!("--mode {s:?} is invalid: {} is listed twice", m.name()));
-                }
-            }
-            modes
-        }
+        Some(s) => Mode::parse_list(s)?,
     };
     let a = BenchArgs {
-        gb: p.get("gb", d.gb, "a positive size in GiB (e.g. 1 or 0.25)", positive_f64)?,
+        gb: p.get("gb", d.gb, GB_ACCEPTS, gib_in(PAGE_SIZE))?,
         reps: p.get("reps", 3, "an integer 1..=1000", int_in(1, 1000))? as u32,
         threads: p.get(
             "threads",
@@ -728,10 +740,46 @@ mod tests {
             ("--pin=1", "--pin takes no value"),
             ("--frobnicate", "--frobnicate"),
             ("--gb 0.000001 --threads 4", "--gb"),
+            ("--gb 1e30", "at most 131072 (128 TiB)"),
+            ("--gb 18446744073709551615", "at most 131072 (128 TiB)"),
+            ("--gb 131073", "--gb"),
+            ("--gb 1e-300", "at least one 4 KiB page"),
         ] {
             let e = parse(&args(a)).unwrap_err();
             assert!(e.contains(needle) && !e.contains('\n'), "{a}: {e}");
         }
+    }
+
+    #[test]
+    fn blanks_around_a_value_are_refused() {
+        for (flag, value) in [
+            ("--gb", " 1"),
+            ("--reps", "3 "),
+            ("--threads", "1,2\t"),
+            ("--cachelines", " 1..4"),
+            ("--mode", " native"),
+            ("--mode", "native,engine "),
+            ("--pattern", "seq "),
+            ("--touch", " 0.5"),
+            ("--format", "csv "),
+        ] {
+            let e = parse(&[flag.to_string(), value.to_string()]).unwrap_err();
+            assert!(
+                e.starts_with(&format!("{flag} {value:?} is invalid: it accepts ")),
+                "{e}"
+            );
+            assert!(!e.contains('\n'), "{e}");
+        }
+        // Inside a list, blanks after a comma are the list's.
+        let a = parse(&[
+            "--mode".into(),
+            "native, engine".into(),
+            "--threads".into(),
+            "1, 2".into(),
+        ])
+        .unwrap();
+        assert_eq!(a.modes.len(), 2);
+        assert_eq!(a.threads, [1, 2]);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! DIR/BENCHMARKS.md (tables, ratios to native, plots), the plots as PNG, and every row as
 //! DIR/benchmarks.json.
 
-use crate::args::{int_in, positive_f64, Spec};
+use crate::args::{gib_in, int_in, Spec, GB_ACCEPTS};
 use crate::bench::{self, Base, BenchArgs, Format, Mode, Pattern, Row};
 use crate::machine::Machine;
 use crate::output::{distinct, gb_text, modes, ratio, ratio_grid};
@@ -12,6 +12,7 @@ use crate::progress::Progress;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use zerofault::sys::mman::PAGE_SIZE;
 
 pub const SPEC: Spec = Spec {
     command: "report",
@@ -33,7 +34,7 @@ pub fn parse(args: &[String]) -> Result<ReportArgs, String> {
         out: p.get("out", PathBuf::from("zerofault-report"), "a directory", |s| {
             (!s.trim().is_empty()).then(|| PathBuf::from(s))
         })?,
-        gb: p.get("gb", 1.0, "a positive size in GiB (e.g. 1 or 0.25)", positive_f64)?,
+        gb: p.get("gb", 1.0, GB_ACCEPTS, gib_in(PAGE_SIZE))?,
         reps: p.get("reps", 3, "an integer 1..=1000", int_in(1, 1000))? as u32,
         quiet: p.has("quiet"),
     })
@@ -345,6 +346,7 @@ mod tests {
         assert_eq!((a.out.to_str(), a.gb, a.reps, a.quiet), (Some("docs"), 0.25, 1, true));
         for (bad, needle) in [
             ("--gb -1", "--gb"),
+            ("--gb 1e30", "at most 131072 (128 TiB)"),
             ("--reps 0", "--reps"),
             ("--out", "--out"),
             ("x", "unexpected"),

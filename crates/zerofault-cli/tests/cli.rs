@@ -36,6 +36,10 @@ fn bad_flags_fail_with_one_line_naming_the_flag() {
         (vec!["report", "--gb", "-1"], "--gb"),
         (vec!["report", "--reps", "0"], "--reps"),
         (vec!["verify", "--gb", "x"], "--gb"),
+        (vec!["verify", "--gb", "0.001"], "--gb"),
+        (vec!["bench", "--gb", "1e30"], "--gb"),
+        (vec!["bench", "--gb", " 1"], "without blanks around it"),
+        (vec!["bench", "--threads", "1,2 "], "--threads"),
         (vec!["frobnicate"], "frobnicate"),
     ] {
         let o = zerofault(&args, &[]);
@@ -52,6 +56,12 @@ fn bad_environment_values_are_rejected_with_the_knob_name() {
         ("ZEROFAULT_MAX_ORDER", "99", "0..=13"),
         ("ZEROFAULT_POOL", "sometimes", "on/off"),
         ("ZEROFAULT_SCRUB_STOP", "12X", "K/M/G"),
+        ("ZEROFAULT_POOL_MAX", "99999999999999999999G", "at most 131072G"),
+        ("ZEROFAULT_PRELOAD_ARENA", "18446744073709551615", "at most 131072G"),
+        ("ZEROFAULT_POOL_MAX", " 64M", "without blanks around it"),
+        ("ZEROFAULT_POOL", "on ", "without blanks around it"),
+        ("ZEROFAULT_PRELOAD_ARENA", "1M", "0 (no arena) or a size of at least 4M"),
+        ("ZEROFAULT_PRELOAD_THRESHOLD", "0", "at least 4K"),
     ] {
         let o = zerofault(&["bench", "--gb", "0.01", "--reps", "1", "--mode", "engine"], &[(k, v)]);
         let e = stderr(&o);
@@ -296,6 +306,26 @@ fn report_writes_benchmarks_md_with_tables_and_plots() {
         serde_json::from_str(&std::fs::read_to_string(dir.join("benchmarks.json")).unwrap()).unwrap();
     assert_eq!(j["suites"].as_array().unwrap().len(), 4);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn verify_refuses_a_size_below_what_it_can_check() {
+    for gb in ["0.001", "0.0039", "0.000001"] {
+        let o = zerofault(&["verify", "--gb", gb], &[]);
+        let e = stderr(&o);
+        assert!(!o.status.success(), "{gb}");
+        assert_eq!(e.trim_end().lines().count(), 1, "{gb}: {e}");
+        assert!(
+            e.starts_with(&format!("--gb \"{gb}\" is invalid: it accepts "))
+                && e.contains("at least 0.00390625 (4 MiB)"),
+            "{gb}: {e}"
+        );
+        assert!(
+            o.stdout.is_empty(),
+            "no pattern ran: {}",
+            String::from_utf8_lossy(&o.stdout)
+        );
+    }
 }
 
 #[test]

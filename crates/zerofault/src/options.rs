@@ -3,12 +3,15 @@
 //! Each row of [`options!`] declares a knob's name, its kind (what it accepts), its default and
 //! its documentation; the struct, the parser, the printed table and the README's list are all
 //! generated from it, so they never disagree. Booleans accept 1/true/yes/on and 0/false/no/off;
-//! sizes accept a byte count with an optional K, M or G (binary) suffix.
+//! sizes accept a byte count with an optional K, M or G (binary) suffix, at most [`MAX_SIZE`].
+//! No kind accepts blanks around a value: `" 64M"` is refused, not trimmed.
 //!
 //! A bad value is an [`OptionError`] whose message is one line naming the variable and what it
 //! accepts.
 
 use std::fmt;
+
+use crate::sys::mman::{PAGE_SIZE, PMD_SIZE};
 
 /// One kind of knob value: how it is parsed, shown, and described.
 pub trait Kind {
@@ -25,7 +28,7 @@ impl Kind for Bool {
     type Value = bool;
     const ACCEPTS: &'static str = "on/off (1/0, true/false, yes/no)";
     fn parse(s: &str) -> Option<bool> {
-        match s.trim().to_ascii_lowercase().as_str() {
+        match s.to_ascii_lowercase().as_str() {
             "1" | "true" | "yes" | "on" => Some(true),
             "0" | "false" | "no" | "off" => Some(false),
             _ => None,
@@ -36,11 +39,11 @@ impl Kind for Bool {
     }
 }
 
-/// A byte size, page aligned on use.
+/// A byte size, page aligned on use, at most [`MAX_SIZE`].
 pub struct Size;
 impl Kind for Size {
     type Value = usize;
-    const ACCEPTS: &'static str = "a size in bytes with optional K/M/G suffix (e.g. 64M)";
+    const ACCEPTS: &'static str = "a size in bytes with optional K/M/G suffix (e.g. 64M), at most 131072G (128 TiB)";
     fn parse(s: &str) -> Option<usize> {
         parse_size(s)
     }
@@ -55,7 +58,7 @@ impl Kind for Order {
     type Value = u8;
     const ACCEPTS: &'static str = "an integer order 0..=13 (a window of 2^order pages)";
     fn parse(s: &str) -> Option<u8> {
-        s.trim().parse::<u8>().ok().filter(|o| *o <= MAX_ORDER)
+        s.parse::<u8>().ok().filter(|o| *o <= MAX_ORDER)
     }
     fn show(v: &u8) -> String {
         v.to_string()
@@ -81,7 +84,7 @@ impl Kind for Count {
     type Value = u64;
     const ACCEPTS: &'static str = "a non-negative integer";
     fn parse(s: &str) -> Option<u64> {
-        s.trim().parse().ok()
+        s.parse().ok()
     }
     fn show(v: &u64) -> String {
         v.to_string()
@@ -94,7 +97,6 @@ impl Kind for Load {
     type Value = Option<f64>;
     const ACCEPTS: &'static str = "off, or a load average per CPU greater than 0 (e.g. 0.8)";
     fn parse(s: &str) -> Option<Option<f64>> {
-        let s = s.trim();
         if s.eq_ignore_ascii_case("off") {
             return Some(None);
         }
@@ -108,9 +110,14 @@ impl Kind for Load {
 /// The largest window order any knob accepts: 8192 pages, 32 MiB.
 pub const MAX_ORDER: u8 = 13;
 
-/// Parses `123`, `64K`, `2M`, `1G` (binary units, optional trailing `B`/`iB`).
+/// The largest size any knob accepts: 2^47 bytes (128 TiB), the whole user address space of
+/// x86-64 with 4-level page tables. A multiple of 2 MiB, so rounding an accepted size up to
+/// pages or to 2 MiB cannot overflow (nor can adding a 2 MiB alignment slack to it).
+pub const MAX_SIZE: usize = 1 << 47;
+
+/// Parses `123`, `64K`, `2M`, `1G` (binary units, optional trailing `B`/`iB`), at most
+/// [`MAX_SIZE`]; no blanks anywhere.
 pub fn parse_size(s: &str) -> Option<usize> {
-    let s = s.trim();
     let s = s.strip_suffix("iB").or_else(|| s.strip_suffix('B')).unwrap_or(s);
     let (digits, shift) = match s.chars().last()? {
         'k' | 'K' => (&s[..s.len() - 1], 10),
@@ -118,8 +125,8 @@ pub fn parse_size(s: &str) -> Option<usize> {
         'g' | 'G' => (&s[..s.len() - 1], 30),
         _ => (s, 0),
     };
-    let n: usize = digits.trim().parse().ok()?;
-    n.checked_mul(1usize << shift)
+    let n: usize = digits.parse().ok()?;
+    n.checked_mul(1usize << shift).filter(|&v| v <= MAX_SIZE)
 }
 
 /// Shows a size with the largest exact binary suffix.
@@ -138,7 +145,15 @@ pub struct OptionError(String);
 
 impl OptionError {
     fn bad_value(name: &str, value: &str, accepts: &str) -> OptionError {
-        OptionError(format!("{}={value:?} is invalid: it accepts {accepts}", env_name(name)))
+        let blanks = if value.trim() != value {
+            ", without blanks around it"
+        } else {
+            ""
+        };
+        OptionError(format!(
+            "{}={value:?} is invalid: it accepts {accepts}{blanks}",
+            env_name(name)
+        ))
     }
     fn conflict(msg: String) -> OptionError {
         OptionError(msg)
@@ -259,9 +274,12 @@ options! {
     /// fail-open.
     panic_after: Count = "0",
     /// LD_PRELOAD shim: anonymous private mmaps and malloc-family blocks at least this large
-    /// are served by the engine; smaller ones go to the system untouched.
+    /// are served by the engine; smaller ones go to the system untouched. At least one page
+    /// (4K).
     preload_threshold: Size = "2M",
-    /// LD_PRELOAD shim: address space reserved (not memory used) for large malloc blocks.
+    /// LD_PRELOAD shim: address space reserved (not memory used) for large malloc blocks. 0:
+    /// no arena (large malloc blocks go to the next allocator); otherwise at least one block:
+    /// a 4K header page plus the threshold, rounded up to 2M (4M for the default threshold).
     preload_arena: Size = "64G",
     /// LD_PRELOAD shim: print the engine's counters to stderr at exit (the process and the
     /// children it forked).
@@ -305,7 +323,32 @@ impl Options {
                 self.start_order, self.max_order
             )));
         }
+        if self.preload_threshold < PAGE_SIZE {
+            return Err(OptionError::conflict(format!(
+                "ZEROFAULT_PRELOAD_THRESHOLD={} is below one page: it accepts a size of at least 4K",
+                show_size(self.preload_threshold)
+            )));
+        }
+        let least = Options::least_preload_arena(self.preload_threshold);
+        if self.preload_arena != 0 && self.preload_arena < least {
+            return Err(OptionError::conflict(format!(
+                "ZEROFAULT_PRELOAD_ARENA={} cannot hold one block of ZEROFAULT_PRELOAD_THRESHOLD={}: \
+                 it accepts 0 (no arena) or a size of at least {} (a 4K header page plus the \
+                 threshold, rounded up to 2M)",
+                show_size(self.preload_arena),
+                show_size(self.preload_threshold),
+                show_size(least)
+            )));
+        }
         Ok(())
+    }
+
+    /// The smallest arena that holds one block of `threshold` bytes, the smallest request it
+    /// serves: a header page plus the threshold in whole pages (see the shim's
+    /// `arena::layout`), rounded up to 2 MiB as the shim rounds the arena. Cannot overflow:
+    /// `threshold` is at most [`MAX_SIZE`].
+    pub fn least_preload_arena(threshold: usize) -> usize {
+        (PAGE_SIZE + threshold.next_multiple_of(PAGE_SIZE)).next_multiple_of(PMD_SIZE)
     }
 
     /// The table as Markdown, for the README (a test keeps the README's copy equal to this).
@@ -411,8 +454,118 @@ mod tests {
         assert_eq!(parse_size("1g"), Some(1 << 30));
         assert_eq!(parse_size("1.5G"), None);
         assert_eq!(parse_size(""), None);
+        assert_eq!(parse_size("131072G"), Some(MAX_SIZE));
+        assert_eq!(parse_size(&MAX_SIZE.to_string()), Some(MAX_SIZE));
         assert_eq!(show_size(64 << 20), "64M");
         assert_eq!(show_size(1000), "1000");
+    }
+
+    #[test]
+    fn sizes_beyond_the_address_space_are_refused() {
+        for v in [
+            "18446744073709551615", // usize::MAX: would overflow when rounded up to 2 MiB
+            "99999999999999999999G",
+            "17179869184G", // 2^64 bytes: the multiplication overflows
+            "131073G",
+            "1048576G",        // 1 PiB
+            "140737488355329", // 2^47 + 1
+        ] {
+            assert_eq!(parse_size(v), None, "{v}");
+            for k in ["ZEROFAULT_PRELOAD_ARENA", "ZEROFAULT_POOL_MAX"] {
+                let e = env(&[(k, v)]).unwrap_err().to_string();
+                assert_eq!(
+                    e,
+                    format!("{k}={v:?} is invalid: it accepts a size in bytes with optional K/M/G suffix (e.g. 64M), at most 131072G (128 TiB)")
+                );
+            }
+        }
+        // The largest accepted size survives every rounding done with it later.
+        let o = env(&[("ZEROFAULT_PRELOAD_ARENA", "131072G")]).unwrap();
+        assert_eq!(o.preload_arena, MAX_SIZE);
+        assert_eq!(MAX_SIZE.next_multiple_of(PMD_SIZE), MAX_SIZE);
+        assert!(MAX_SIZE.checked_add(PMD_SIZE).is_some());
+        assert_eq!(Options::least_preload_arena(MAX_SIZE), MAX_SIZE + PMD_SIZE);
+    }
+
+    #[test]
+    fn blanks_around_a_value_are_refused_for_every_kind() {
+        for (k, v) in [
+            ("ZEROFAULT_POOL", "on "),
+            ("ZEROFAULT_POOL", " off"),
+            ("ZEROFAULT_POOL_MAX", " 64M"),
+            ("ZEROFAULT_POOL_MAX", "64M\n"),
+            ("ZEROFAULT_START_ORDER", "4\t"),
+            ("ZEROFAULT_ORDER_STEP", " 2"),
+            ("ZEROFAULT_HANDBACK_MISSES", "4\t"),
+            ("ZEROFAULT_SCRUB_LOAD", " off"),
+            ("ZEROFAULT_SCRUB_LOAD", "0.5 "),
+        ] {
+            let e = env(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{k}={v:?} is invalid: it accepts ")), "{e}");
+            assert!(e.ends_with(", without blanks around it") && !e.contains('\n'), "{e}");
+        }
+        // Blanks inside are refused too, as they always were for numbers.
+        for (k, v) in [("ZEROFAULT_POOL_MAX", "64 M"), ("ZEROFAULT_MAX_ORDER", "1 1")] {
+            let e = env(&[(k, v)]).unwrap_err().to_string();
+            assert!(e.starts_with(&format!("{k}={v:?} is invalid: it accepts ")), "{e}");
+        }
+        let mut o = Options::default();
+        assert!(o.set("pool_max", "\t64M").is_err());
+        assert!(Size::parse("64M ").is_none() && Bool::parse(" yes").is_none());
+        assert!(Order::parse(" 4").is_none() && Step::parse("2 ").is_none());
+        assert!(Count::parse(" 8").is_none() && Load::parse("off\t").is_none());
+    }
+
+    #[test]
+    fn the_arena_holds_one_block_of_the_threshold() {
+        // Default threshold 2M: a block is a 4K header page plus 2M, so the arena is 0 or 4M+.
+        let e = env(&[("ZEROFAULT_PRELOAD_ARENA", "2M")]).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "ZEROFAULT_PRELOAD_ARENA=2M cannot hold one block of ZEROFAULT_PRELOAD_THRESHOLD=2M: \
+             it accepts 0 (no arena) or a size of at least 4M (a 4K header page plus the threshold, \
+             rounded up to 2M)"
+        );
+        assert!(env(&[("ZEROFAULT_PRELOAD_ARENA", "4194303")]).is_err());
+        assert_eq!(env(&[("ZEROFAULT_PRELOAD_ARENA", "0")]).unwrap().preload_arena, 0);
+        assert_eq!(
+            env(&[("ZEROFAULT_PRELOAD_ARENA", "4M")]).unwrap().preload_arena,
+            4 << 20
+        );
+        // A larger threshold needs a larger arena.
+        let big = [("ZEROFAULT_PRELOAD_THRESHOLD", "1G"), ("ZEROFAULT_PRELOAD_ARENA", "1G")];
+        let e = env(&big).unwrap_err().to_string();
+        assert!(
+            e.contains("ZEROFAULT_PRELOAD_THRESHOLD=1G") && e.contains("at least 1026M"),
+            "{e}"
+        );
+        assert!(env(&[
+            ("ZEROFAULT_PRELOAD_THRESHOLD", "1G"),
+            ("ZEROFAULT_PRELOAD_ARENA", "1026M")
+        ])
+        .is_ok());
+        // The smallest threshold, a page: its blocks are two pages, and one 2M arena holds them.
+        assert_eq!(Options::least_preload_arena(4096), 2 << 20);
+        assert_eq!(Options::least_preload_arena(4097), 2 << 20);
+        assert!(env(&[("ZEROFAULT_PRELOAD_THRESHOLD", "4K"), ("ZEROFAULT_PRELOAD_ARENA", "2M")]).is_ok());
+    }
+
+    #[test]
+    fn the_threshold_is_at_least_a_page() {
+        for v in ["0", "4095", "1K"] {
+            let e = env(&[("ZEROFAULT_PRELOAD_THRESHOLD", v)]).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("ZEROFAULT_PRELOAD_THRESHOLD={v} is below one page: ")),
+                "{e}"
+            );
+            assert!(e.ends_with("it accepts a size of at least 4K"), "{e}");
+        }
+        assert_eq!(
+            env(&[("ZEROFAULT_PRELOAD_THRESHOLD", "4096")])
+                .unwrap()
+                .preload_threshold,
+            4096
+        );
     }
 
     #[test]
