@@ -1,77 +1,15 @@
 //! Unmodified programs under the LD_PRELOAD shim, through `zerofault run`: the same output and
 //! exit status as without it, and pages served by the engine where they use large blocks.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+mod common;
 
-fn zerofault() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_zerofault"))
-}
+use common::{assert_same, both, cc, lib_dir, pages_served, program_stderr, run, temp_dir, zerofault};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
 
-/// The directory holding libzerofault.so for this build (cargo puts it in `deps/`).
-fn lib_dir() -> PathBuf {
-    let exe = PathBuf::from(env!("CARGO_BIN_EXE_zerofault"));
-    let dir = exe.parent().unwrap().to_path_buf();
-    let mtime = |d: &PathBuf| d.join("libzerofault.so").metadata().and_then(|m| m.modified()).ok();
-    [dir.clone(), dir.join("deps")]
-        .into_iter()
-        .filter(|d| d.join("libzerofault.so").is_file())
-        .max_by_key(mtime)
-        .expect("libzerofault.so built beside the zerofault binary")
-}
-
-fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("zerofault-run-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// `program args` plainly, and under `zerofault run --stats`.
-fn both(program: &str, args: &[&str], dir: &Path) -> (Output, Output) {
-    let plain = Command::new(program)
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect(program);
-    let shim = zerofault()
-        .args(["run", "--stats", "--", program])
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .expect("zerofault run");
-    (plain, shim)
-}
-
-/// stderr without the shim's report.
-fn program_stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr)
-        .lines()
-        .filter(|l| !l.starts_with("zerofault: "))
-        .map(|l| format!("{l}\n"))
-        .collect()
-}
-
-/// `pages_served` of the report of the process `zerofault run` started (the last one printed:
-/// helper processes a program execs report first).
-fn pages_served(o: &Output) -> u64 {
-    let err = String::from_utf8_lossy(&o.stderr);
-    err.lines()
-        .filter_map(|l| l.strip_prefix("zerofault: pages_served "))
-        .map(|v| v.trim().parse::<u64>().unwrap())
-        .max()
-        .unwrap_or_else(|| panic!("no stats report in stderr:\n{err}"))
-}
-
-fn assert_same(plain: &Output, shim: &Output) {
-    assert_eq!(plain.status.code(), shim.status.code(), "exit status");
-    assert_eq!(
-        String::from_utf8_lossy(&plain.stdout),
-        String::from_utf8_lossy(&shim.stdout),
-        "stdout"
-    );
-    assert_eq!(program_stderr(plain), program_stderr(shim), "stderr");
-}
+/// The time limit of the runs that are not made by `both` (which has its own).
+const LIMIT: Duration = Duration::from_secs(180);
 
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
@@ -141,16 +79,18 @@ fn sort_of_a_1_gib_file_with_a_2_gib_buffer() {
     let dir = temp_dir("sort");
     write_lines(&dir.join("in.txt"), 1 << 30);
     let (plain, shim) = (
-        Command::new("sort")
-            .args(["-S", "2G", "in.txt", "-o", "plain.txt"])
-            .current_dir(&dir)
-            .output()
-            .unwrap(),
-        zerofault()
-            .args(["run", "--stats", "--", "sort", "-S", "2G", "in.txt", "-o", "shim.txt"])
-            .current_dir(&dir)
-            .output()
-            .unwrap(),
+        run(
+            Command::new("sort")
+                .args(["-S", "2G", "in.txt", "-o", "plain.txt"])
+                .current_dir(&dir),
+            LIMIT,
+        ),
+        run(
+            zerofault()
+                .args(["run", "--stats", "--", "sort", "-S", "2G", "in.txt", "-o", "shim.txt"])
+                .current_dir(&dir),
+            LIMIT,
+        ),
     );
     assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stderr));
     assert_same(&plain, &shim);
@@ -209,30 +149,6 @@ fn stress_ng_vm_all_methods_verify() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// Compiles one of the C programs of crates/zerofault-preload/tests/c.
-fn cc(name: &str, dir: &Path, link_api: bool) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../zerofault-preload/tests/c")
-        .join(format!("{name}.c"));
-    let out = dir.join(name);
-    let mut c = Command::new("cc");
-    c.args(["-O2", "-Wall", "-Werror", "-pthread", "-o"])
-        .arg(&out)
-        .arg(&src);
-    if link_api {
-        let lib = lib_dir();
-        c.arg("-I")
-            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerofault-preload/include"))
-            .arg("-L")
-            .arg(&lib)
-            .arg("-lzerofault")
-            .arg(format!("-Wl,-rpath,{}", lib.display()));
-    }
-    let o = c.output().expect("cc");
-    assert!(o.status.success(), "cc {name}: {}", String::from_utf8_lossy(&o.stderr));
-    out
-}
-
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn fork_write_in_parent_and_child_then_exec() {
@@ -286,7 +202,7 @@ fn the_c_api_maps_engine_memory_and_reads_stats() {
     let dir = temp_dir("capi");
     let prog = cc("capi", &dir, true);
     // cargo test sets LD_LIBRARY_PATH, which would win over the program's rpath.
-    let o = Command::new(&prog).env_remove("LD_LIBRARY_PATH").output().unwrap();
+    let o = run(Command::new(&prog).env_remove("LD_LIBRARY_PATH"), LIMIT);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     let (first, json) = out.split_once('\n').unwrap();
@@ -294,11 +210,12 @@ fn the_c_api_maps_engine_memory_and_reads_stats() {
     let stats: serde_json::Value = serde_json::from_str(json.trim()).expect("stats JSON");
     assert_eq!(stats["pages_zero_mapped"], 16384, "the reads were served: {stats}");
 
-    let o = Command::new(&prog)
-        .env_remove("LD_LIBRARY_PATH")
-        .env("ZEROFAULT_DISABLE", "1")
-        .output()
-        .unwrap();
+    let o = run(
+        Command::new(&prog)
+            .env_remove("LD_LIBRARY_PATH")
+            .env("ZEROFAULT_DISABLE", "1"),
+        LIMIT,
+    );
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.starts_with("active=0 sum=2088960\n"), "{out}");
@@ -310,22 +227,23 @@ fn the_c_api_maps_engine_memory_and_reads_stats() {
 /// output and status. The same from the environment, with the shim loaded directly.
 #[test]
 fn a_bad_knob_is_one_line_and_the_program_still_runs() {
-    let o = zerofault()
-        .args(["run", "--max_order=99", "--", "sh", "-c", "echo hi; exit 5"])
-        .output()
-        .unwrap();
+    let o = run(
+        zerofault().args(["run", "--max_order=99", "--", "sh", "-c", "echo hi; exit 5"]),
+        LIMIT,
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(5));
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hi\n");
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.contains("ZEROFAULT_MAX_ORDER") && err.contains("0..=13"), "{err}");
 
-    let o = Command::new("sh")
-        .args(["-c", "echo hi; exit 6"])
-        .env("LD_PRELOAD", lib_dir().join("libzerofault.so"))
-        .env("ZEROFAULT_POOL_MAX", "lots")
-        .output()
-        .unwrap();
+    let o = run(
+        Command::new("sh")
+            .args(["-c", "echo hi; exit 6"])
+            .env("LD_PRELOAD", lib_dir().join("libzerofault.so"))
+            .env("ZEROFAULT_POOL_MAX", "lots"),
+        LIMIT,
+    );
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(
         (o.status.code(), String::from_utf8_lossy(&o.stdout).as_ref()),
@@ -337,13 +255,10 @@ fn a_bad_knob_is_one_line_and_the_program_still_runs() {
 
 #[test]
 fn run_passes_the_exit_status_and_reports_a_missing_program() {
-    let o = zerofault().args(["run", "--", "sh", "-c", "exit 42"]).output().unwrap();
+    let o = run(zerofault().args(["run", "--", "sh", "-c", "exit 42"]), LIMIT);
     assert_eq!(o.status.code(), Some(42));
     assert!(o.stderr.is_empty(), "nothing printed unless asked");
-    let o = zerofault()
-        .args(["run", "--", "/nonexistent/program"])
-        .output()
-        .unwrap();
+    let o = run(zerofault().args(["run", "--", "/nonexistent/program"]), LIMIT);
     assert_eq!(o.status.code(), Some(127));
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -355,8 +270,8 @@ fn run_passes_the_exit_status_and_reports_a_missing_program() {
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn disabled_the_shim_passes_everything_through() {
-    let o = zerofault()
-        .args([
+    let o = run(
+        zerofault().args([
             "run",
             "--stats",
             "--disable=1",
@@ -364,9 +279,9 @@ fn disabled_the_shim_passes_everything_through() {
             "python3",
             "-c",
             "b = bytearray(64 << 20); print(b.count(0))",
-        ])
-        .output()
-        .unwrap();
+        ]),
+        LIMIT,
+    );
     assert!(o.status.success());
     assert_eq!(String::from_utf8_lossy(&o.stdout), "67108864\n");
     assert!(

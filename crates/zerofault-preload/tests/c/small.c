@@ -1,0 +1,35 @@
+/* A program that makes no large allocation: a few small mallocs, frees and a 64 KiB mmap. Prints
+ * how many threads it has (/proc/self/task) and whether it holds a userfaultfd
+ * (anon_inode:[userfaultfd] in /proc/self/fd). */
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+int main(void) {
+    void *p[16];
+    for (int i = 0; i < 16; i++) memset(p[i] = malloc(64 << i), 1, 64 << i); /* 64 B .. 2 MiB - 1 */
+    for (int i = 0; i < 16; i++) free(p[i]);
+    unsigned char *m = mmap(NULL, 64 << 10, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (m == MAP_FAILED) return 1;
+    m[0] = 1;
+    munmap(m, 64 << 10);
+    int threads = 0, uffd = 0;
+    DIR *d = opendir("/proc/self/task");
+    for (struct dirent *e; d && (e = readdir(d));) threads += e->d_name[0] != '.';
+    if (d) closedir(d);
+    d = opendir("/proc/self/fd");
+    for (struct dirent *e; d && (e = readdir(d));) {
+        char link[256];
+        ssize_t k = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+        if (k > 0) {
+            link[k] = 0;
+            uffd += strcmp(link, "anon_inode:[userfaultfd]") == 0;
+        }
+    }
+    if (d) closedir(d);
+    printf("threads: %d\nuserfaultfd: %s\n", threads, uffd ? "yes" : "no");
+    return 0;
+}
