@@ -513,6 +513,8 @@ fn an_ioctl_refused_by_seccomp_fails_open_and_the_program_finishes() {
     assert!(!e.is_active(), "the engine failed open");
     let s = e.stats();
     assert_eq!((s.fail_opens, s.fail_open_errno), (1, libc::EPERM as u64), "{}", s.to_text());
+    println!("CHILD-OK");
+}
 
 // ---- engine metadata -------------------------------------------------------------------------
 
