@@ -541,7 +541,9 @@ mod tests {
         let q = a.alloc(8 << 20, 16, false).unwrap();
         assert_eq!(q, p, "first fit");
         // SAFETY: q is a live 8 MiB block of ours.
-        assert!(engine::zero::is_zero(unsafe { std::slice::from_raw_parts(q as *const u8, 8 << 20) }));
+        assert!(engine::zero::is_zero(unsafe {
+            std::slice::from_raw_parts(q as *const u8, 8 << 20)
+        }));
         assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64 - 2049);
         a.free(q).unwrap();
         assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64);

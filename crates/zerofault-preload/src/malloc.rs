@@ -97,7 +97,9 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     }
     if let Some(a) = arena().filter(|a| a.contains(p as usize)) {
         let at = p as usize;
-        let Ok(h) = a.block(at) else { abort_invalid("realloc", p) };
+        let Ok(h) = a.block(at) else {
+            abort_invalid("realloc", p)
+        };
         if size == 0 {
             // glibc frees and returns NULL.
             // SAFETY: p is a live arena block.

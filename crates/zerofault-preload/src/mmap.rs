@@ -48,7 +48,14 @@ unsafe fn sys_mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
     // SAFETY: the caller's arguments, passed on unchanged.
     let p = unsafe { sys_mmap(addr, len, prot, flags, fd, off) };
     if p != libc::MAP_FAILED {
@@ -58,13 +65,26 @@ pub unsafe extern "C" fn mmap(addr: *mut c_void, len: size_t, prot: c_int, flags
 }
 
 #[no_mangle]
-pub unsafe extern "C" fn mmap64(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
+pub unsafe extern "C" fn mmap64(
+    addr: *mut c_void,
+    len: size_t,
+    prot: c_int,
+    flags: c_int,
+    fd: c_int,
+    off: off_t,
+) -> *mut c_void {
     // SAFETY: as mmap (off_t is 64-bit here).
     unsafe { mmap(addr, len, prot, flags, fd, off) }
 }
 
 /// mremap(2) as a system call. `new_addr` is read by the kernel only with MREMAP_FIXED.
-unsafe fn sys_mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+unsafe fn sys_mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     // SAFETY: the caller upholds mremap's contract.
     unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void }
 }
@@ -81,7 +101,13 @@ unsafe fn sys_mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: 
 /// (which the kernel registered with the rest, but the engine did not know), the source of a
 /// MREMAP_DONTUNMAP (still registered, now empty), and memory handed back for the retry.
 #[no_mangle]
-pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size_t, flags: c_int, new_addr: *mut c_void) -> *mut c_void {
+pub unsafe extern "C" fn mremap(
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+    new_addr: *mut c_void,
+) -> *mut c_void {
     let Some(g) = enter() else {
         // SAFETY: the caller's arguments, passed on unchanged.
         return unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
@@ -95,7 +121,10 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size
     if r == libc::MAP_FAILED && state::errno() == libc::EFAULT {
         let q = Quiet::new();
         let len = old_len.next_multiple_of(PAGE_SIZE);
-        let any = (0..len).step_by(PAGE_SIZE.max(len / 64)).any(|o| e.serves(old as usize + o)) || served;
+        let any = (0..len)
+            .step_by(PAGE_SIZE.max(len / 64))
+            .any(|o| e.serves(old as usize + o))
+            || served;
         drop(q);
         if any {
             {
@@ -111,7 +140,11 @@ pub unsafe extern "C" fn mremap(old: *mut c_void, old_len: size_t, new_len: size
         return r;
     }
     let _q = Quiet::new();
-    let (at, old_len, new_len) = (r as usize, old_len.next_multiple_of(PAGE_SIZE), new_len.next_multiple_of(PAGE_SIZE));
+    let (at, old_len, new_len) = (
+        r as usize,
+        old_len.next_multiple_of(PAGE_SIZE),
+        new_len.next_multiple_of(PAGE_SIZE),
+    );
     // SAFETY (all three): memory the program now owns as anonymous private memory at these
     // addresses, registered by the kernel with the rest of its mapping (or handed back above);
     // the engine fills missing pages with zeros as the kernel would.
@@ -183,4 +216,97 @@ pub unsafe extern "C" fn munlockall() -> c_int {
         }
     }
     r
+}
+
+// ---------------------------------------------------------------------------------------------
+// gperftools' MallocHook
+//
+// tcmalloc defines mmap, munmap, mremap and sbrk itself (raw system calls behind its MallocHook
+// API): preloaded before the shim, it shadows our hooks, and its own memory never reaches
+// them. Its hook API reports every such call after it returns; the shim listens there too.
+// Registering memory twice is harmless, so both paths may see one call.
+
+type MmapHook = extern "C" fn(*const c_void, *const c_void, size_t, c_int, c_int, c_int, off_t);
+type MremapHook = extern "C" fn(*const c_void, *const c_void, size_t, size_t, c_int, *const c_void);
+type SbrkHook = extern "C" fn(*const c_void, isize);
+
+extern "C" fn tc_mmap(
+    result: *const c_void,
+    _: *const c_void,
+    size: size_t,
+    _: c_int,
+    flags: c_int,
+    _: c_int,
+    _: off_t,
+) {
+    if result != libc::MAP_FAILED as *const c_void {
+        after_mmap(result as usize, size, flags);
+    }
+}
+
+extern "C" fn tc_mremap(
+    result: *const c_void,
+    old: *const c_void,
+    old_size: size_t,
+    new_size: size_t,
+    flags: c_int,
+    _: *const c_void,
+) {
+    if result == libc::MAP_FAILED as *const c_void {
+        return;
+    }
+    let Some(_g) = enter() else { return };
+    let _q = Quiet::new();
+    let Some(e) = state::running() else { return };
+    let (at, old_len, new_len) = (
+        result as usize,
+        old_size.next_multiple_of(PAGE_SIZE),
+        new_size.next_multiple_of(PAGE_SIZE),
+    );
+    if !e.serves(at) {
+        return;
+    }
+    // SAFETY: as in mremap: memory the program now owns there, registered by the kernel.
+    unsafe {
+        if flags & libc::MREMAP_DONTUNMAP != 0 {
+            let _ = e.adopt(old as usize, old_len, false);
+        }
+        if new_len > old_len {
+            let _ = e.adopt(at + old_len, new_len - old_len, true);
+        }
+    }
+}
+
+extern "C" fn tc_sbrk(result: *const c_void, increment: isize) {
+    if result as isize == -1 || increment < threshold() as isize {
+        return;
+    }
+    let Some(_g) = enter() else { return };
+    let _q = Quiet::new();
+    let Some(e) = state::engine() else { return };
+    // The heap grew from the old break `result`: the whole pages past it are new.
+    let start = (result as usize).next_multiple_of(PAGE_SIZE);
+    let end = (result as usize + increment as usize).next_multiple_of(PAGE_SIZE);
+    if end > start {
+        // SAFETY: fresh anonymous private heap memory of the program's.
+        let _ = unsafe { e.adopt(start, end - start, true) };
+    }
+}
+
+/// Adds the hooks above where gperftools' MallocHook API is loaded. Call from the constructor
+/// (dlsym takes the loader's lock).
+pub fn listen_to_malloc_hooks() {
+    fn add<T>(name: &std::ffi::CStr, hook: T) {
+        // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name; null when absent.
+        let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+        if !f.is_null() {
+            // SAFETY: gperftools' `int MallocHook_AddXHook(XHook)` takes one function pointer of
+            // the hook type T (all pointer-sized).
+            let add: extern "C" fn(T) -> c_int = unsafe { std::mem::transmute_copy(&f) };
+            add(hook);
+        }
+    }
+    add::<MmapHook>(c"MallocHook_AddMmapHook", tc_mmap);
+    add::<MremapHook>(c"MallocHook_AddMremapHook", tc_mremap);
+    add::<SbrkHook>(c"MallocHook_AddSbrkHook", tc_sbrk);
 }

@@ -90,7 +90,14 @@ impl Quiet {
         let _ = unsafe {
             raw::call(
                 libc::SYS_rt_sigprocmask,
-                [libc::SIG_SETMASK as usize, &all as *const u64 as usize, &mut mask as *mut u64 as usize, 8, 0, 0],
+                [
+                    libc::SIG_SETMASK as usize,
+                    &all as *const u64 as usize,
+                    &mut mask as *mut u64 as usize,
+                    8,
+                    0,
+                    0,
+                ],
             )
         };
         Quiet { errno: errno(), mask }
@@ -104,7 +111,14 @@ impl Drop for Quiet {
         let _ = unsafe {
             raw::call(
                 libc::SYS_rt_sigprocmask,
-                [libc::SIG_SETMASK as usize, &self.mask as *const u64 as usize, 0, 8, 0, 0],
+                [
+                    libc::SIG_SETMASK as usize,
+                    &self.mask as *const u64 as usize,
+                    0,
+                    8,
+                    0,
+                    0,
+                ],
             )
         };
     }
@@ -190,7 +204,10 @@ pub fn arena() -> Option<&'static Arena> {
 /// program may map stays what it would be without the shim, within that.
 fn memory_limit() -> Option<usize> {
     let soft = |res: u32| {
-        let mut l = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
         // SAFETY: prlimit64(0, res, NULL, &l) reads our own limit into `l`.
         let r = unsafe {
             raw::call(
@@ -235,7 +252,9 @@ fn start() {
         Ok(e) => e,
         Err(why) => {
             if opts.stats {
-                say(&format!("zerofault: the engine did not start ({why}); running on plain memory"));
+                say(&format!(
+                    "zerofault: the engine did not start ({why}); running on plain memory"
+                ));
             }
             STATE.store(OFF, Release);
             return;
@@ -358,6 +377,7 @@ fn init_options() {
     // SAFETY: the handlers are plain extern "C" functions that take and release spin locks,
     // store atomics and close one descriptor.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+    crate::mmap::listen_to_malloc_hooks();
     STATE.store(IDLE, Release);
 }
 

@@ -253,11 +253,12 @@ impl<'a> Handler<'a> {
     fn fault(&mut self, addr: usize, write: bool, tid: u32) {
         let page_addr = addr & !(PAGE_SIZE - 1);
         if page_addr == self.shared.doorbell {
-            // Engine::drop rang: answer it, and stop.
+            // Engine::drop rang: answer it, and stop. (Anyone else touching it, a debugger
+            // reading /proc/pid/mem, say, is answered and changes nothing.)
             let p = self.uffd.zeropage(page_addr, PAGE_SIZE);
             self.note(p);
             self.wake(page_addr);
-            self.rung = true;
+            self.rung = self.shared.stopping.load(Acquire);
             return;
         }
         let stats = self.stats();
@@ -313,7 +314,10 @@ impl<'a> Handler<'a> {
                 .unwrap_or_else(|e| e.into_inner())
                 .record(w.outcome, page, self.opts.handback_misses);
         if let Some((lo, hi)) = handback {
-            if self.hand_back(&range, lo, hi) && range.map.is_claimed(page) {
+            if self
+                .hand_back(&range, lo, hi)
+                .is_some_and(|(a, b)| (a..b).contains(&page))
+            {
                 // The faulting page went back to the kernel with the rest: let it fault natively.
                 self.wake(page_addr);
                 return;
@@ -374,17 +378,25 @@ impl<'a> Handler<'a> {
 
     /// Unregisters the span of `range` that misses `[lo, hi]` call for (see
     /// [`crate::predict::handback_span`]): the kernel serves it natively from now on.
-    fn hand_back(&mut self, range: &Arc<Range>, lo: u64, hi: u64) -> bool {
-        let (first, end) = handback_span(lo, hi, range.pages);
+    ///
+    /// The span leaves the table (its pieces keep their page states), so that the engine keeps
+    /// nothing for memory it no longer serves. A second hand-back from one range (or its
+    /// pieces) gives back the whole range. Returns the span, in pages of `range`.
+    fn hand_back(&mut self, range: &Arc<Range>, lo: u64, hi: u64) -> Option<(u64, u64)> {
+        let (first, end) = match range.handbacks.load(Relaxed) {
+            0 => handback_span(lo, hi, range.pages),
+            _ => (0, range.pages),
+        };
         let (addr, len) = (range.addr_of(first), (end - first) as usize * PAGE_SIZE);
         if let Err(e) = self.uffd.unregister(addr, len) {
             self.note_errno(e.0);
-            return false;
+            return None;
         }
-        range.map.set(first, end - first);
+        range.handbacks.fetch_add(1, Relaxed);
+        self.shared.ranges.drop_span(addr, addr + len);
         Stats::add(&self.stats().handbacks, 1);
         Stats::add(&self.stats().pages_handed_back, end - first);
-        true
+        Some((first, end))
     }
 
     /// Serves one page outside the window logic (already-claimed or unknown pages) and wakes it.

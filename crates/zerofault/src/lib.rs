@@ -165,7 +165,8 @@ pub struct Shared {
     pub(crate) pool_paused: AtomicBool,
     /// One registered page outside every range: [`Engine`]'s drop reads it, and the fault it
     /// takes wakes the handler to see `stopping` (the engine holds no descriptor but the
-    /// userfaultfd).
+    /// userfaultfd). `PROT_NONE` until then, so that nothing else faults on it
+    /// (`mlockall(MCL_CURRENT)` populates every accessible mapping).
     pub(crate) doorbell: usize,
     /// Odd while the handler is inside one message (bumped on entry and on exit), so that
     /// [`Engine::stats`] can wait for the counts of the install that woke its caller.
@@ -250,7 +251,7 @@ impl Engine {
         sys::thread::prepare().map_err(|e| EngineError::Thread(io::Error::other(e)))?;
         let uffd = Uffd::open().map_err(EngineError::Uffd)?;
         let features = uffd.features();
-        let doorbell = mman::map_private(PAGE_SIZE, true).map_err(EngineError::Map)?;
+        let doorbell = mman::map_aligned(PAGE_SIZE, PAGE_SIZE, libc::PROT_NONE, true).map_err(EngineError::Map)?;
         if let Err(e) = uffd.register(doorbell, PAGE_SIZE) {
             let _ = mman::unmap(doorbell, PAGE_SIZE);
             return Err(EngineError::Register(e.into()));
@@ -574,7 +575,9 @@ impl Drop for Engine {
         if self.handler.is_some() {
             // The handler answers this read's fault and then sees `stopping`; with the
             // userfaultfd already closed (failed open) the kernel answers it.
-            // SAFETY: the doorbell is our own mapped page; reading it maps the zero page.
+            let _ = mman::protect(self.shared.doorbell, PAGE_SIZE, libc::PROT_READ);
+            // SAFETY: the doorbell is our own mapped page, readable now; reading it maps the
+            // zero page.
             unsafe { std::ptr::read_volatile(self.shared.doorbell as *const u8) };
         }
         for t in [self.handler.take(), self.scrubber.take()].into_iter().flatten() {

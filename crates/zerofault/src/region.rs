@@ -17,6 +17,7 @@ use crate::predict::MissRun;
 use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
 use crate::Shared;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// One registered, contiguous range of pages.
@@ -40,6 +41,10 @@ pub struct Range {
     pub owner: Option<u64>,
     /// Unpredicted faults in a row (for hand-back).
     pub misses: Mutex<MissRun>,
+    /// Spans handed back from this range or the range it was cut from: after one, a range whose
+    /// faults miss again goes back to the kernel whole (its access is sparse throughout, a
+    /// strided touch of a huge reservation, say).
+    pub handbacks: AtomicU32,
 }
 
 impl Range {
@@ -106,6 +111,7 @@ impl Table {
             tables,
             owner,
             misses: Mutex::default(),
+            handbacks: AtomicU32::new(0),
         });
         self.by_start.insert(start, r.clone());
         r
@@ -137,17 +143,18 @@ impl Table {
             let lo = r.page_of(start.max(r.start));
             let hi = r.page_of(end.min(r.end()));
             cleared += r.map.count_range(lo, hi - lo);
+            let inherit = |p: Arc<Range>| p.handbacks.store(r.handbacks.load(Relaxed), Relaxed);
             if lo > 0 {
-                self.new_range(r.start, r.map.slice(0, lo), r.tables_of(r.start, lo), r.owner);
+                inherit(self.new_range(r.start, r.map.slice(0, lo), r.tables_of(r.start, lo), r.owner));
             }
             if hi < r.pages {
                 let at = r.addr_of(hi);
-                self.new_range(
+                inherit(self.new_range(
                     at,
                     r.map.slice(hi, r.pages - hi),
                     r.tables_of(at, r.pages - hi),
                     r.owner,
-                );
+                ));
             }
             cut.push((r, lo, hi - lo));
         }
@@ -208,6 +215,11 @@ impl RangeTable {
                 r.map.clear(lo, hi - lo)
             })
             .sum()
+    }
+
+    /// `[start, end)` is no longer registered (handed back to the kernel): cut from every range.
+    pub fn drop_span(&self, start: usize, end: usize) {
+        self.write().cut(start, end, None);
     }
 
     /// UFFD_EVENT_UNMAP: `[start, end)` is gone. Returns page states cleared.

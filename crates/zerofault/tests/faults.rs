@@ -460,7 +460,12 @@ fn dropping_the_engine_mid_fault_fails_open_and_the_program_finishes() {
 fn forbid_ioctl() {
     let filter = [
         // A = syscall number
-        libc::sock_filter { code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16, jt: 0, jf: 0, k: 0 },
+        libc::sock_filter {
+            code: (libc::BPF_LD | libc::BPF_W | libc::BPF_ABS) as u16,
+            jt: 0,
+            jf: 0,
+            k: 0,
+        },
         libc::sock_filter {
             code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
             jt: 0,
@@ -473,7 +478,12 @@ fn forbid_ioctl() {
             jf: 0,
             k: libc::SECCOMP_RET_ERRNO | libc::EPERM as u32,
         },
-        libc::sock_filter { code: (libc::BPF_RET | libc::BPF_K) as u16, jt: 0, jf: 0, k: libc::SECCOMP_RET_ALLOW },
+        libc::sock_filter {
+            code: (libc::BPF_RET | libc::BPF_K) as u16,
+            jt: 0,
+            jf: 0,
+            k: libc::SECCOMP_RET_ALLOW,
+        },
     ];
     let prog = libc::sock_fprog {
         len: filter.len() as u16,
@@ -512,7 +522,12 @@ fn an_ioctl_refused_by_seccomp_fails_open_and_the_program_finishes() {
     assert_eq!(touch_and_check(&mut r, pages / 2..pages), 0);
     assert!(!e.is_active(), "the engine failed open");
     let s = e.stats();
-    assert_eq!((s.fail_opens, s.fail_open_errno), (1, libc::EPERM as u64), "{}", s.to_text());
+    assert_eq!(
+        (s.fail_opens, s.fail_open_errno),
+        (1, libc::EPERM as u64),
+        "{}",
+        s.to_text()
+    );
     println!("CHILD-OK");
 }
 

@@ -10,7 +10,7 @@
 
 int main(void) {
     void *p[16];
-    for (int i = 0; i < 16; i++) memset(p[i] = malloc(64 << i), 1, 64 << i); /* 64 B .. 2 MiB - 1 */
+    for (int i = 0; i < 16; i++) memset(p[i] = malloc((64 << i) - 1), 1, (64 << i) - 1); /* 63 B .. 2 MiB - 1 */
     for (int i = 0; i < 16; i++) free(p[i]);
     unsigned char *m = mmap(NULL, 64 << 10, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (m == MAP_FAILED) return 1;
