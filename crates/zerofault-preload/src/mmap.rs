@@ -33,12 +33,31 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
     let e = if big { state::engine() } else { state::running() };
     let Some(e) = e else { return };
     let len = len.next_multiple_of(PAGE_SIZE);
-    if !big && !(e.serves(p.wrapping_sub(PAGE_SIZE)) || e.serves(p + len) || e.serves(p)) {
+    if !(big || e.serves(p.wrapping_sub(PAGE_SIZE)) || e.serves(p + len) || e.serves(p)) {
         return;
     }
     // SAFETY: a fresh anonymous private mapping of the program's; the engine fills its missing
     // pages with zeros, as the kernel would, and forgets it on munmap (UNMAP event).
-    let _ = unsafe { e.adopt(p, len, true) };
+    if unsafe { e.adopt(p, len, true) }.is_ok() && state::thp_always() {
+        e.set_huge(p, len, true);
+    }
+}
+
+/// madvise(2). Huge-page advice on served memory is passed to the engine, which then serves
+/// those PMDs with huge pages as the kernel would.
+#[no_mangle]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+    // SAFETY: the caller's arguments, passed on unchanged.
+    let r = unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) } as c_int;
+    if r == 0 && (advice == libc::MADV_HUGEPAGE || advice == libc::MADV_NOHUGEPAGE) {
+        if let Some(_g) = enter() {
+            let _q = Quiet::new();
+            if let Some(e) = state::running() {
+                e.set_huge(addr as usize, len, advice == libc::MADV_HUGEPAGE);
+            }
+        }
+    }
+    r
 }
 
 /// mmap(2) as a system call: MAP_FAILED and errno on failure, like libc's.
@@ -145,16 +164,19 @@ pub unsafe extern "C" fn mremap(
         old_len.next_multiple_of(PAGE_SIZE),
         new_len.next_multiple_of(PAGE_SIZE),
     );
-    // SAFETY (all three): memory the program now owns as anonymous private memory at these
-    // addresses, registered by the kernel with the rest of its mapping (or handed back above);
-    // the engine fills missing pages with zeros as the kernel would.
+    // Memory the program now owns as anonymous private memory at these addresses, registered
+    // by the kernel with the rest of its mapping (or handed back above); the engine fills
+    // missing pages with zeros as the kernel would.
     if handed_back && new_len >= threshold() {
+        // SAFETY: see above.
         let _ = unsafe { e.adopt(at, new_len, false) };
     } else if served {
         if flags & libc::MREMAP_DONTUNMAP != 0 {
+            // SAFETY: see above; the source of a DONTUNMAP move stays mapped, empty.
             let _ = unsafe { e.adopt(old as usize, old_len, false) };
         }
         if new_len > old_len {
+            // SAFETY: see above; the grown part is new memory.
             let _ = unsafe { e.adopt(at + old_len, new_len - old_len, true) };
         }
     }
@@ -239,7 +261,7 @@ extern "C" fn tc_mmap(
     _: c_int,
     _: off_t,
 ) {
-    if result != libc::MAP_FAILED as *const c_void {
+    if !std::ptr::eq(result, libc::MAP_FAILED) {
         after_mmap(result as usize, size, flags);
     }
 }
@@ -252,7 +274,7 @@ extern "C" fn tc_mremap(
     flags: c_int,
     _: *const c_void,
 ) {
-    if result == libc::MAP_FAILED as *const c_void {
+    if std::ptr::eq(result, libc::MAP_FAILED) {
         return;
     }
     let Some(_g) = enter() else { return };

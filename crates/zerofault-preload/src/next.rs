@@ -59,6 +59,7 @@ macro_rules! symbols {
             ///
             /// # Safety
             /// As the C function: pointers must come from the next allocator.
+            #[allow(clippy::unused_unit)] // free's `-> ()`
             pub unsafe fn $name($($arg: $t),*) -> $r {
                 let a = syms::$name.addr();
                 if a == 0 {

@@ -44,6 +44,9 @@ static STATS: AtomicPtr<Stats> = AtomicPtr::new(std::ptr::null_mut());
 /// A copy of stderr taken at start-up for the exit report: programs (coreutils among them)
 /// close fd 2 in their own atexit handlers, which run before library destructors.
 static REPORT_FD: AtomicI32 = AtomicI32::new(2);
+/// The system's THP setting is `always` (read when the engine starts): new mappings want huge
+/// pages.
+static THP_ALWAYS: AtomicBool = AtomicBool::new(false);
 /// The program asked `mlockall(MCL_FUTURE)`: new arena blocks are locked, as a native mapping
 /// would be.
 static LOCK_FUTURE: AtomicBool = AtomicBool::new(false);
@@ -161,6 +164,10 @@ pub fn threshold() -> usize {
     THRESHOLD.load(Relaxed)
 }
 
+pub fn thp_always() -> bool {
+    THP_ALWAYS.load(Relaxed)
+}
+
 pub fn lock_future() -> bool {
     LOCK_FUTURE.load(Relaxed)
 }
@@ -217,7 +224,7 @@ fn memory_limit() -> Option<usize> {
         };
         r.ok().map(|_| l.rlim_cur).filter(|c| *c != libc::RLIM_INFINITY)
     };
-    let (a, d) = (soft(libc::RLIMIT_AS as u32), soft(libc::RLIMIT_DATA as u32));
+    let (a, d) = (soft(libc::RLIMIT_AS), soft(libc::RLIMIT_DATA));
     a.into_iter().chain(d).min().map(|l| l as usize)
 }
 
@@ -279,6 +286,7 @@ fn start() {
     if lock_future() {
         e.pause_pool(true);
     }
+    THP_ALWAYS.store(engine::sys::mman::thp_always(), Release);
     ENGINE.store(Box::into_raw(Box::new(e)), Release);
     ENGINE_PID.store(getpid(), Release);
     STATE.store(READY, Release);

@@ -276,8 +276,16 @@ impl<'a> Handler<'a> {
             self.install_one(page_addr, write);
             return;
         };
-        // The kernel gave the faulting PMD a page table before it queued the message.
-        range.mark_tables(page_addr, PAGE_SIZE);
+        // Where the program asked for huge pages, the kernel tried one and asked us with the
+        // PMD still empty: the fault takes a whole huge page, as a write would natively. A read
+        // takes one too: natively it maps the huge zero page and the first write a huge page,
+        // and 4 KiB zero pages here would leave that PMD 4 KiB pages for good.
+        // Elsewhere the kernel gave the faulting PMD a page table before it queued the message.
+        let huge_fault = self.stage.is_some() && range.huge_fault(page_addr);
+        let write = write || huge_fault;
+        if !huge_fault {
+            range.mark_tables(page_addr, PAGE_SIZE);
+        }
         let page = range.page_of(page_addr);
         if range.map.is_claimed(page) {
             Stats::add(&stats.already_present, 1);
@@ -293,12 +301,16 @@ impl<'a> Handler<'a> {
         if self.predictors.len() >= MAX_PREDICTORS {
             self.predictors.clear();
         }
-        let w = self.predictors.entry((range.id, tid)).or_default().on_fault_aligned(
-            page,
-            range.pages,
-            phase,
-            &self.tuning,
-        );
+        let predictor = self.predictors.entry((range.id, tid)).or_default();
+        let w = predictor.on_fault_aligned(page, range.pages, phase, &self.tuning);
+        let (mut first, mut end) = (w.first, w.first + w.pages);
+        if huge_fault {
+            // The whole PMDs the window touches, from the one of the fault.
+            let pmd = |p: u64| range.page_of(range.addr_of(p) / PMD_SIZE * PMD_SIZE);
+            first = first.min(pmd(page));
+            end = (pmd(end - 1) + PMD_PAGES).min(range.pages);
+            predictor.installed_to(end);
+        }
         Stats::add(
             match w.outcome {
                 Outcome::Start => &stats.predict_starts,
@@ -327,7 +339,7 @@ impl<'a> Handler<'a> {
 
         let mut runs = std::mem::take(&mut self.runs);
         runs.clear();
-        range.map.claim(w.first, w.pages, &mut runs);
+        range.map.claim(first, end - first, &mut runs);
         let mut woken = false;
         // Last run first, for the reason install_write gives.
         for &(first, n) in runs.iter().rev() {

@@ -434,6 +434,13 @@ impl Engine {
         }
     }
 
+    /// The program's transparent-huge-page advice for `[addr, addr + len)`: `true` for
+    /// `MADV_HUGEPAGE` (or new memory under THP `always`), `false` for `MADV_NOHUGEPAGE`. Where
+    /// it is on, a write fault takes whole huge pages, as the kernel would give it.
+    pub fn set_huge(&self, addr: usize, len: usize, on: bool) {
+        self.shared.ranges.set_huge(addr, addr.saturating_add(len), on);
+    }
+
     /// Whether `addr` lies in memory the engine serves.
     pub fn serves(&self, addr: usize) -> bool {
         self.is_active() && self.shared.ranges.find(addr & !(PAGE_SIZE - 1)).is_some()

@@ -165,6 +165,16 @@ impl Predictor {
     }
 }
 
+impl Predictor {
+    /// The window just returned was installed up to `end` (widened to whole huge pages): the
+    /// stream expects its next fault there.
+    pub fn installed_to(&mut self, end: u64) {
+        if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
+            s.next = s.next.max(end);
+        }
+    }
+}
+
 /// Unpredicted faults in a row in one region, and where they fell.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct MissRun {

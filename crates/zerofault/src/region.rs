@@ -37,6 +37,11 @@ pub struct Range {
     /// with CONFIG_PT_RECLAIM free an emptied table on MADV_DONTNEED, older ones keep it, and
     /// user space cannot tell which happened.
     pub tables: PageMap,
+    /// One bit per PMD, like `tables`: set where the program asked for transparent huge pages
+    /// (`MADV_HUGEPAGE`, or THP `always`). There the kernel tries a huge page at each fault
+    /// before it asks us, with the PMD still empty, so a whole PMD around the fault can take a
+    /// huge page, as the kernel's own fault would give it.
+    pub huge: PageMap,
     /// The Region that maps and unmaps this memory, if any.
     pub owner: Option<u64>,
     /// Unpredicted faults in a row (for hand-back).
@@ -83,6 +88,32 @@ impl Range {
     fn tables_of(&self, start: usize, pages: u64) -> PageMap {
         self.tables.slice(self.pmd_of(start), pmds(start, pages))
     }
+
+    /// Likewise for `huge`.
+    fn huge_of(&self, start: usize, pages: u64) -> PageMap {
+        self.huge.slice(self.pmd_of(start), pmds(start, pages))
+    }
+
+    /// Sets or clears the `huge` bits of the PMDs inside both the range and `[addr, end)`.
+    pub fn set_huge(&self, addr: usize, end: usize, on: bool) {
+        let a = addr.max(self.start).next_multiple_of(PMD_SIZE);
+        let b = end.min(self.end()) / PMD_SIZE * PMD_SIZE;
+        if a < b {
+            let (first, n) = (self.pmd_of(a), ((b - a) / PMD_SIZE) as u64);
+            if on {
+                self.huge.set(first, n);
+            } else {
+                self.huge.clear(first, n);
+            }
+        }
+    }
+
+    /// Whether the fault at `addr` came with its PMD empty and may take a huge page: the PMD
+    /// wants huge pages and lies wholly inside the range.
+    pub fn huge_fault(&self, addr: usize) -> bool {
+        let pmd = addr / PMD_SIZE * PMD_SIZE;
+        pmd >= self.start && pmd + PMD_SIZE <= self.end() && self.huge.is_claimed(self.pmd_of(addr))
+    }
 }
 
 /// PMDs overlapped by `pages` pages from `start`.
@@ -99,7 +130,14 @@ struct Table {
 }
 
 impl Table {
-    fn new_range(&mut self, start: usize, map: PageMap, tables: PageMap, owner: Option<u64>) -> Arc<Range> {
+    fn new_range(
+        &mut self,
+        start: usize,
+        map: PageMap,
+        tables: PageMap,
+        huge: PageMap,
+        owner: Option<u64>,
+    ) -> Arc<Range> {
         self.next_id += 1;
         self.seq += 1;
         let r = Arc::new(Range {
@@ -109,6 +147,7 @@ impl Table {
             pages: map.pages(),
             map,
             tables,
+            huge,
             owner,
             misses: Mutex::default(),
             handbacks: AtomicU32::new(0),
@@ -145,7 +184,13 @@ impl Table {
             cleared += r.map.count_range(lo, hi - lo);
             let inherit = |p: Arc<Range>| p.handbacks.store(r.handbacks.load(Relaxed), Relaxed);
             if lo > 0 {
-                inherit(self.new_range(r.start, r.map.slice(0, lo), r.tables_of(r.start, lo), r.owner));
+                inherit(self.new_range(
+                    r.start,
+                    r.map.slice(0, lo),
+                    r.tables_of(r.start, lo),
+                    r.huge_of(r.start, lo),
+                    r.owner,
+                ));
             }
             if hi < r.pages {
                 let at = r.addr_of(hi);
@@ -153,6 +198,7 @@ impl Table {
                     at,
                     r.map.slice(hi, r.pages - hi),
                     r.tables_of(at, r.pages - hi),
+                    r.huge_of(at, r.pages - hi),
                     r.owner,
                 ));
             }
@@ -193,7 +239,8 @@ impl RangeTable {
     pub fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
         let mut t = self.write();
         t.cut(start, start + pages as usize * PAGE_SIZE, None);
-        t.new_range(start, PageMap::new(pages), PageMap::new(pmds(start, pages)), owner)
+        let n = pmds(start, pages);
+        t.new_range(start, PageMap::new(pages), PageMap::new(n), PageMap::new(n), owner)
     }
 
     /// UFFD_EVENT_REMOVE: the kernel dropped the pages of `[start, end)`. Returns page states
@@ -217,6 +264,13 @@ impl RangeTable {
             .sum()
     }
 
+    /// The program's huge-page advice for `[start, end)` (see [`Range::huge`]).
+    pub fn set_huge(&self, start: usize, end: usize, on: bool) {
+        for r in self.read().overlapping(start, end, None) {
+            r.set_huge(start, end, on);
+        }
+    }
+
     /// `[start, end)` is no longer registered (handed back to the kernel): cut from every range.
     pub fn drop_span(&self, start: usize, end: usize) {
         self.write().cut(start, end, None);
@@ -238,7 +292,9 @@ impl RangeTable {
             // The kernel moved page tables and huge pages as it saw fit: assume tables anywhere.
             let tables = PageMap::new(pmds(dst, pages));
             tables.set(0, tables.pages());
-            t.new_range(dst, r.map.slice(first, pages), tables, None);
+            // Huge-page advice moves with the mapping (the VMA's flags go along).
+            let huge = r.huge_of(r.addr_of(first), pages);
+            t.new_range(dst, r.map.slice(first, pages), tables, huge, None);
         }
     }
 

@@ -164,6 +164,12 @@ pub fn thp_available() -> bool {
     enabled && size
 }
 
+/// Whether the system's THP setting is `always`: then every anonymous mapping without
+/// `MADV_NOHUGEPAGE` gets huge pages at its faults.
+pub fn thp_always() -> bool {
+    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|s| s.contains("[always]"))
+}
+
 /// Bytes of transparent huge pages mapped around `[addr, addr + len)`: the `AnonHugePages` of
 /// every mapping of /proc/self/smaps that overlaps it (a registered range may be several VMAs,
 /// and a mapping may have merged with a neighbour of the same flags). For tests and
