@@ -50,6 +50,8 @@ const EVENT_RETRIES: u32 = 8;
 /// instead for [`STAGE_REST`]. The scrub thread, off the faulting path, keeps trying.
 const STAGE_SLOW: Duration = Duration::from_millis(4);
 const STAGE_REST: Duration = Duration::from_secs(1);
+/// Pages per miss above which a second hand-back from one range returns all of it.
+const SPARSE_PAGES_PER_MISS: u64 = 64 * PMD_PAGES;
 /// Predictor entries kept before the table is reset (threads and ranges come and go).
 const MAX_PREDICTORS: usize = 4096;
 
@@ -393,11 +395,15 @@ impl<'a> Handler<'a> {
     ///
     /// The span leaves the table (its pieces keep their page states), so that the engine keeps
     /// nothing for memory it no longer serves. A second hand-back from one range (or its
-    /// pieces) gives back the whole range. Returns the span, in pages of `range`.
+    /// pieces) for misses at least [`SPARSE_PAGES_PER_MISS`] apart on average gives back the
+    /// whole range: one page touched per GiB of a 16 TiB reservation would otherwise cost a
+    /// round trip per page for ever. Returns the span, in pages of `range`.
     fn hand_back(&mut self, range: &Arc<Range>, lo: u64, hi: u64) -> Option<(u64, u64)> {
+        // Misses a 128 MiB or more apart, again: a sparse stride through a huge reservation.
+        let sparse = (hi - lo) / self.opts.handback_misses.max(1) >= SPARSE_PAGES_PER_MISS;
         let (first, end) = match range.handbacks.load(Relaxed) {
-            0 => handback_span(lo, hi, range.pages),
-            _ => (0, range.pages),
+            n if n > 0 && sparse => (0, range.pages),
+            _ => handback_span(lo, hi, range.pages),
         };
         let (addr, len) = (range.addr_of(first), (end - first) as usize * PAGE_SIZE);
         if let Err(e) = self.uffd.unregister(addr, len) {
