@@ -108,17 +108,18 @@ unsafe fn sys_mremap(
     unsafe { libc::syscall(libc::SYS_mremap, old, old_len, new_len, flags, new_addr) as *mut c_void }
 }
 
-/// mremap(2). C declares it variadic (`new_address` only with MREMAP_FIXED); on the Linux
-/// ABIs the variadic integer argument arrives in the same register as a fifth fixed one, which
-/// is only read when the flags say it was passed.
+/// mremap(2). C declares it variadic (`new_address` only with MREMAP_FIXED or
+/// MREMAP_DONTUNMAP); on the Linux ABIs the variadic integer argument arrives in the same
+/// register as a fifth fixed one, and is passed on as it came.
 ///
-/// Natively the range must lie in one VMA. Registration can keep pieces apart that would have
-/// merged (a piece mapped before the engine started, one the engine handed back): if the call
-/// fails with EFAULT over served memory, the range is handed back to the kernel (its pieces
-/// merge as they would natively) and the call made again, so the program sees the native
-/// result. After a success the engine serves what the program now has there: the grown part
-/// (which the kernel registered with the rest, but the engine did not know), the source of a
-/// MREMAP_DONTUNMAP (still registered, now empty), and memory handed back for the retry.
+/// Registration is a VMA flag: a range the engine serves in part (a piece the program mapped
+/// before the engine started, a span handed back to the kernel) is several VMAs where natively
+/// it may be one, and the kernel moves several VMAs only when none is registered with a
+/// userfaultfd; it may even move the first ones before it refuses a later one (seen on 6.18).
+/// So memory the engine serves is handed back to the kernel before the call (its pieces merge
+/// as they would natively) and the kernel does exactly what it would do without the shim; the
+/// engine then serves what the program has afterwards: the result (moved, grown or shrunk) and
+/// the source of a MREMAP_DONTUNMAP (still mapped, now empty).
 #[no_mangle]
 pub unsafe extern "C" fn mremap(
     old: *mut c_void,
@@ -127,60 +128,28 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new_addr: *mut c_void,
 ) -> *mut c_void {
-    let Some(g) = enter() else {
-        // SAFETY: the caller's arguments, passed on unchanged.
-        return unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
-    };
-    let e = state::running();
-    let served = e.is_some_and(|e| e.serves(old as usize));
+    let g = enter();
+    let e = g.as_ref().and_then(|_| state::running());
+    let served = e.filter(|e| {
+        let _q = Quiet::new();
+        let served = e.serves_any(old as usize, old_len);
+        if served {
+            e.release(old as usize, old_len.next_multiple_of(PAGE_SIZE));
+        }
+        served
+    });
     // SAFETY: the caller's arguments, passed on unchanged.
-    let mut r = unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
-    let Some(e) = e else { return r };
-    let mut handed_back = false;
-    if r == libc::MAP_FAILED && state::errno() == libc::EFAULT {
-        let q = Quiet::new();
-        let len = old_len.next_multiple_of(PAGE_SIZE);
-        let any = (0..len)
-            .step_by(PAGE_SIZE.max(len / 64))
-            .any(|o| e.serves(old as usize + o))
-            || served;
-        drop(q);
-        if any {
-            {
-                let _q = Quiet::new();
-                e.release(old as usize, len);
-            }
-            handed_back = true;
-            // SAFETY: the caller's arguments again, with the range no longer registered.
-            r = unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
-        }
-    }
-    if r == libc::MAP_FAILED {
-        return r;
-    }
-    let _q = Quiet::new();
-    let (at, old_len, new_len) = (
-        r as usize,
-        old_len.next_multiple_of(PAGE_SIZE),
-        new_len.next_multiple_of(PAGE_SIZE),
-    );
-    // Memory the program now owns as anonymous private memory at these addresses, registered
-    // by the kernel with the rest of its mapping (or handed back above); the engine fills
-    // missing pages with zeros as the kernel would.
-    if handed_back && new_len >= threshold() {
-        // SAFETY: see above.
-        let _ = unsafe { e.adopt(at, new_len, false) };
-    } else if served {
+    let r = unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
+    if let (Some(e), true) = (served, r != libc::MAP_FAILED) {
+        let _q = Quiet::new();
+        // SAFETY: memory the program now owns as anonymous private memory at these addresses;
+        // the engine fills missing pages with zeros as the kernel would.
+        let _ = unsafe { e.adopt(r as usize, new_len.next_multiple_of(PAGE_SIZE), false) };
         if flags & libc::MREMAP_DONTUNMAP != 0 {
-            // SAFETY: see above; the source of a DONTUNMAP move stays mapped, empty.
-            let _ = unsafe { e.adopt(old as usize, old_len, false) };
-        }
-        if new_len > old_len {
-            // SAFETY: see above; the grown part is new memory.
-            let _ = unsafe { e.adopt(at + old_len, new_len - old_len, true) };
+            // SAFETY: as above: the source of a DONTUNMAP move stays mapped, empty.
+            let _ = unsafe { e.adopt(old as usize, old_len.next_multiple_of(PAGE_SIZE), false) };
         }
     }
-    drop(g);
     r
 }
 

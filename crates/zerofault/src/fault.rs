@@ -403,7 +403,7 @@ impl<'a> Handler<'a> {
         let sparse = (hi - lo) / self.opts.handback_misses.max(1) >= SPARSE_PAGES_PER_MISS;
         let (first, end) = match range.handbacks.load(Relaxed) {
             n if n > 0 && sparse => (0, range.pages),
-            _ => handback_span(lo, hi, range.pages),
+            _ => handback_span(lo, hi, range.pages, (range.start / PAGE_SIZE) as u64),
         };
         let (addr, len) = (range.addr_of(first), (end - first) as usize * PAGE_SIZE);
         if let Err(e) = self.uffd.unregister(addr, len) {

@@ -441,6 +441,11 @@ impl Engine {
         self.shared.ranges.set_huge(addr, addr.saturating_add(len), on);
     }
 
+    /// Whether any page of `[addr, addr + len)` lies in memory the engine serves.
+    pub fn serves_any(&self, addr: usize, len: usize) -> bool {
+        self.is_active() && self.shared.ranges.any(addr, addr.saturating_add(len))
+    }
+
     /// Whether `addr` lies in memory the engine serves.
     pub fn serves(&self, addr: usize) -> bool {
         self.is_active() && self.shared.ranges.find(addr & !(PAGE_SIZE - 1)).is_some()

@@ -212,16 +212,19 @@ impl MissRun {
 pub const PMD_PAGES: u64 = 512;
 
 /// The pages `[first, end)` to hand back for misses that spanned pages `[lo, hi]` of a range of
-/// `pages` pages: widened to whole PMDs, and to the whole range when they spanned half of it or
+/// `pages` pages whose first page is `phase` pages into a PMD: widened to whole PMDs of the
+/// address space (a hand-back splits the program's VMA there, and a split on a PMD boundary is
+/// one a huge page would make anyway), and to the whole range when they spanned half of it or
 /// more (misses spread over a whole region mean the region is random: handing back a part
 /// would only make the next misses fall outside it).
-pub fn handback_span(lo: u64, hi: u64, pages: u64) -> (u64, u64) {
+pub fn handback_span(lo: u64, hi: u64, pages: u64, phase: u64) -> (u64, u64) {
     if (hi - lo + 1) * 2 >= pages {
         return (0, pages);
     }
+    let phase = phase % PMD_PAGES;
     (
-        lo / PMD_PAGES * PMD_PAGES,
-        ((hi / PMD_PAGES + 1) * PMD_PAGES).min(pages),
+        ((lo + phase) / PMD_PAGES * PMD_PAGES).saturating_sub(phase),
+        (((hi + phase) / PMD_PAGES + 1) * PMD_PAGES - phase).min(pages),
     )
 }
 
@@ -355,11 +358,15 @@ mod tests {
 
     #[test]
     fn handback_spans_are_whole_pmds_or_the_whole_range() {
-        assert_eq!(handback_span(600, 700, 10_000), (512, 1024));
-        assert_eq!(handback_span(0, 0, 10_000), (0, 512));
-        assert_eq!(handback_span(9_990, 9_995, 10_000), (9_728, 10_000));
-        assert_eq!(handback_span(1_000, 6_000, 10_000), (0, 10_000));
-        assert_eq!(handback_span(3, 5, 8), (0, 8));
+        assert_eq!(handback_span(600, 700, 10_000, 0), (512, 1024));
+        assert_eq!(handback_span(0, 0, 10_000, 0), (0, 512));
+        assert_eq!(handback_span(9_990, 9_995, 10_000, 0), (9_728, 10_000));
+        assert_eq!(handback_span(1_000, 6_000, 10_000, 0), (0, 10_000));
+        assert_eq!(handback_span(3, 5, 8, 0), (0, 8));
+        // A range that starts 256 pages into a PMD: spans end on the address space's PMDs.
+        assert_eq!(handback_span(600, 700, 10_000, 256), (256, 768));
+        assert_eq!(handback_span(100, 200, 10_000, 256), (0, 256));
+        assert_eq!(handback_span(600, 700, 10_000, 512 + 256), (256, 768), "modulo a PMD");
     }
 
     #[test]

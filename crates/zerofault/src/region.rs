@@ -230,6 +230,11 @@ impl RangeTable {
         (addr < r.end()).then(|| r.clone())
     }
 
+    /// Whether a range overlaps `[start, end)`.
+    pub fn any(&self, start: usize, end: usize) -> bool {
+        !self.read().overlapping(start, end, None).is_empty()
+    }
+
     /// The current sequence number: note it before reading messages from the kernel.
     pub fn seq(&self) -> u64 {
         self.read().seq

@@ -10,11 +10,22 @@
 
 use super::raw;
 use std::io;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
 /// The base page size this engine serves. x86-64 and arm64 (4K kernels) only, checked at start.
 pub const PAGE_SIZE: usize = 4096;
 /// A PMD: the span of one page table, and the size of a transparent huge page.
 pub const PMD_SIZE: usize = 2 << 20;
+
+/// Where the engine asks for its own mappings: an address-space zone far from where the kernel
+/// places a program's mappings (top-down from below the stack) and its heap. A program that
+/// unmaps part of a reservation and maps it again at the same address (`MAP_FIXED`, `mremap`
+/// back) relies on nobody mapping into the hole meanwhile: natively nobody does, and the
+/// engine's tables and chunks must not either. Each mapping is asked for at the next address of
+/// the zone; where that is taken (or beyond this machine's address space) the kernel places it
+/// as usual.
+const ZONE: usize = 0x1000_0000_0000;
+static ZONE_NEXT: AtomicUsize = AtomicUsize::new(ZONE);
 
 /// `MADV_POPULATE_WRITE` (Linux 5.14): fault pages in writable, zero-filled by the kernel.
 const MADV_POPULATE_WRITE: libc::c_int = 23;
@@ -58,9 +69,10 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
     if noreserve {
         flags |= libc::MAP_NORESERVE;
     }
-    // SAFETY: a fresh anonymous mapping at an address the kernel chooses; no existing memory is
-    // affected.
-    let base = unsafe { sys_mmap(0, total, libc::PROT_NONE, flags) }?;
+    let hint = ZONE_NEXT.fetch_add(total.next_multiple_of(PMD_SIZE), Relaxed);
+    // SAFETY: a fresh anonymous mapping; without MAP_FIXED the address is only a hint, and no
+    // existing memory is affected.
+    let base = unsafe { sys_mmap(hint, total, libc::PROT_NONE, flags) }?;
     let start = (base + align - 1) & !(align - 1);
     if start > base {
         unmap(base, start - base)?;
