@@ -585,7 +585,8 @@ impl<'a> Handler<'a> {
         // The ring ran dry: prepare each remaining huge page here, as the kernel's own THP
         // fault would, while the scrub refills the ring on the other CPU.
         while off < len {
-            let p = self.make_huge(dst + off);
+            let advised = range.huge.is_claimed(range.pmd_of(dst + off));
+            let p = self.make_huge(dst + off, advised);
             if p.errno.is_some() || p.done < PMD_SIZE {
                 return self.huge_fallback(dst, len, off + p.done, range);
             }
@@ -596,14 +597,16 @@ impl<'a> Handler<'a> {
 
     /// Populates the staging PMD (one transparent huge page, zeroed by the kernel) and moves it
     /// to `dst`. Returns the move's progress; an error before the move reports `done` 0.
-    fn make_huge(&mut self, dst: usize) -> Progress {
+    /// `advised`: the program asked for huge pages there, so the kernel would have spent the
+    /// time to make one: no rest after a slow one (see [`STAGE_SLOW`]).
+    fn make_huge(&mut self, dst: usize, advised: bool) -> Progress {
         let Some(stage) = self.stage.as_ref() else {
             return Progress {
                 done: 0,
                 errno: Some(libc::ENOSYS),
             };
         };
-        if self.stage_rests_until.is_some_and(|t| Instant::now() < t) {
+        if !advised && self.stage_rests_until.is_some_and(|t| Instant::now() < t) {
             return Progress {
                 done: 0,
                 errno: Some(libc::EBUSY),
