@@ -160,6 +160,8 @@ struct Handler<'a> {
     /// An errno no install expects (EPERM under a seccomp filter, EBADF, ...): the handler stops
     /// and fails open.
     fatal: Option<i32>,
+    /// The errno that stopped the last install that stopped early.
+    stopped_by: i32,
 }
 
 impl<'a> Handler<'a> {
@@ -189,6 +191,7 @@ impl<'a> Handler<'a> {
             events: 0,
             rung: false,
             fatal: None,
+            stopped_by: 0,
         }
     }
 
@@ -425,7 +428,18 @@ impl<'a> Handler<'a> {
             self.install_read(page_addr, PAGE_SIZE)
         };
         if p != Done::All {
-            Stats::add(&self.stats().install_errors, 1);
+            // The thread is woken either way and faults again if it still needs the page.
+            let stats = self.stats();
+            Stats::add(
+                match self.stopped_by {
+                    // The memory was unmapped, moved, unregistered or changed since the fault.
+                    libc::ENOENT | libc::EINVAL | libc::EFAULT | libc::ESRCH => &stats.installs_raced_unmap,
+                    // Mappings kept changing (munmap/madvise/mremap events each time).
+                    libc::EAGAIN => &stats.installs_raced_events,
+                    _ => &stats.install_errors,
+                },
+                1,
+            );
         }
         self.wake(page_addr);
     }
@@ -479,12 +493,16 @@ impl<'a> Handler<'a> {
                 Some(libc::EAGAIN) => {
                     retries += 1;
                     if retries > EVENT_RETRIES {
+                        self.stopped_by = libc::EAGAIN;
                         return Done::Stopped(off);
                     }
                     self.drain_events();
                 }
                 Some(libc::ENOENT) if on_enoent(self, off) => {}
-                Some(_) => return Done::Stopped(off),
+                Some(e) => {
+                    self.stopped_by = e;
+                    return Done::Stopped(off);
+                }
             }
         }
         Done::All

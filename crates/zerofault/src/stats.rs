@@ -124,7 +124,15 @@ counters! {
     /// The errno of that failure (0 if none; one failure per engine, added up across the
     /// engines that share these counters).
     fail_open_errno,
-    /// Installs that failed (range gone, unregistered): the thread was woken to retry.
+    /// One-page installs (a fault outside every window: unknown memory, or a page already
+    /// claimed) that found the memory unmapped, moved, unregistered or of other protection by
+    /// then: a munmap, mremap, mprotect or hand-back raced the fault. The thread was woken and
+    /// faults again (served natively, or its SIGSEGV as natively).
+    installs_raced_unmap,
+    /// One-page installs given up after the mappings changed under them at every retry (a
+    /// stream of munmap/madvise/mremap events): the thread was woken and faults again.
+    installs_raced_events,
+    /// One-page installs that failed for any other reason (none is expected).
     install_errors,
     /// Faults outside every known region, served one page at a time.
     unknown_faults,
