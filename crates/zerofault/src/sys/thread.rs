@@ -1,5 +1,8 @@
-//! Thread-level syscalls: the engine's own threads, futexes, scheduling class, CPU affinity,
+//! Thread-level syscalls: the engine's own threads, scheduling class, CPU affinity,
 //! thread CPU time, tid, a one-instruction thread id, load average.
+
+// The clone(2) path is x86-64 only; elsewhere its pieces are unused.
+#![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
 use super::mman::{self, PAGE_SIZE};
 use super::raw;
