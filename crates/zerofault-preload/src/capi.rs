@@ -55,7 +55,7 @@ pub unsafe extern "C" fn zerofault_stats_json(buf: *mut c_char, cap: size_t) -> 
         let n = json.len().min(cap - 1);
         // SAFETY: the caller's buffer holds `cap` bytes; n + 1 <= cap.
         unsafe {
-            std::ptr::copy_nonoverlapping(json.as_ptr(), buf as *mut u8, n);
+            std::ptr::copy_nonoverlapping(json.as_ptr(), buf.cast::<u8>(), n);
             *buf.add(n) = 0;
         }
     }
