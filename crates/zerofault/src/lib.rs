@@ -59,9 +59,23 @@
 //!
 //! ## Failing open
 //! Everything the engine does is an optimisation of what the kernel would do anyway. If the
-//! handler thread panics or hits an error, or the [`Engine`] is dropped, the userfaultfd is
-//! closed; the kernel then wakes every blocked fault and serves every later one itself. Pages
-//! already installed stay; nothing is lost, nothing hangs.
+//! handler thread panics, meets an errno no install expects (EPERM from a seccomp filter,
+//! EBADF, a failed wake), finds its descriptor closed or replaced by the program, or the
+//! [`Engine`] is dropped, the userfaultfd is closed; the kernel then wakes every blocked fault
+//! and serves every later one itself. Pages already installed stay; nothing is lost, nothing
+//! hangs.
+//!
+//! ## Living inside other programs
+//! The engine's threads are its own ([`sys::thread`]): made with `clone(2)` on memory and TLS
+//! the engine set up, so that starting them calls no allocator of the program's, and started
+//! with every signal blocked. The engine holds one descriptor (the userfaultfd; Engine::drop
+//! wakes the handler by faulting on a page of its own, the doorbell). Every system call goes
+//! through [`sys::raw`], which leaves the program's `errno` alone; its mappings are never
+//! locked or populated by a program's `mlockall`, and are asked for in an address zone of their
+//! own ([`sys::mman`]). Its metadata grows with what is touched, not with what is reserved
+//! ([`pagemap`]). Where the program asks for transparent huge pages (`MADV_HUGEPAGE`), the
+//! kernel tries one before it asks us, with the PMD still empty, and the engine then moves a
+//! whole huge page into each PMD of the window, from the PMD of the fault on.
 //!
 //! ## Where things are
 //! [`sys`] holds every unsafe syscall; [`options`] the knobs (`ZEROFAULT_<NAME>`); [`stats`] the
