@@ -292,13 +292,16 @@ fn start() {
     STATE.store(READY, Release);
 }
 
-/// Reads `ZEROFAULT_*` straight from `environ` (no std::env: it may not be set up yet).
-fn env_lookup(name: &str) -> Option<String> {
+/// The value of knob `knob`'s variable (`ZEROFAULT_<KNOB>`), read straight from `environ` (no
+/// std::env: it may not be set up yet), borrowed: nothing is allocated at load.
+fn env_lookup(knob: &str) -> Option<&'static str> {
     extern "C" {
         static environ: *const *const c_char;
     }
+    const PREFIX: &[u8] = b"ZEROFAULT_";
     // SAFETY: environ is the process's NULL-terminated array of NUL-terminated strings; it is
-    // read in the constructor, before the program's main can change it.
+    // read in the constructor, before the program's main can change it, and its strings live
+    // for the whole process (we keep only what the options parse needs, during the parse).
     unsafe {
         let mut p = environ;
         if p.is_null() {
@@ -306,8 +309,12 @@ fn env_lookup(name: &str) -> Option<String> {
         }
         while !(*p).is_null() {
             let kv = CStr::from_ptr(*p).to_bytes();
-            if kv.len() > name.len() && kv.starts_with(name.as_bytes()) && kv[name.len()] == b'=' {
-                return Some(String::from_utf8_lossy(&kv[name.len() + 1..]).into_owned());
+            let name = kv.get(PREFIX.len()..PREFIX.len() + knob.len());
+            if kv.starts_with(PREFIX)
+                && name.is_some_and(|n| n.eq_ignore_ascii_case(knob.as_bytes()))
+                && kv.get(PREFIX.len() + knob.len()) == Some(&b'=')
+            {
+                return std::str::from_utf8(&kv[PREFIX.len() + knob.len() + 1..]).ok();
             }
             p = p.add(1);
         }
@@ -332,7 +339,7 @@ extern "C" fn init() {
 }
 
 fn init_options() {
-    let opts = match Options::from_lookup(env_lookup) {
+    let opts = match Options::from_knobs(env_lookup) {
         Ok(o) => o,
         Err(e) => {
             say(&format!("zerofault: {e}; running without the engine"));

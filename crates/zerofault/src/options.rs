@@ -28,10 +28,16 @@ impl Kind for Bool {
     type Value = bool;
     const ACCEPTS: &'static str = "on/off (1/0, true/false, yes/no)";
     fn parse(s: &str) -> Option<bool> {
-        match s.to_ascii_lowercase().as_str() {
-            "1" | "true" | "yes" | "on" => Some(true),
-            "0" | "false" | "no" | "off" => Some(false),
-            _ => None,
+        const ON: [&str; 4] = ["1", "true", "yes", "on"];
+        const OFF: [&str; 4] = ["0", "false", "no", "off"];
+        let is = |words: [&str; 4]| words.iter().any(|w| w.eq_ignore_ascii_case(s));
+        // No allocation: the shim parses its options in every process it is loaded into.
+        if is(ON) {
+            Some(true)
+        } else if is(OFF) {
+            Some(false)
+        } else {
+            None
         }
     }
     fn show(v: &bool) -> String {
@@ -234,8 +240,20 @@ macro_rules! options {
 
             /// Reads every `ZEROFAULT_<NAME>` through `lookup`, starting from the defaults.
             pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Options, OptionError> {
+                Options::from_knobs(|knob| lookup(&env_name(knob)))
+            }
+
+            /// As [`Options::from_lookup`], with `lookup` asked by knob name (`max_order`), and
+            /// no allocation unless a value is refused: the LD_PRELOAD shim reads its options in
+            /// every process it is loaded into, before `main`.
+            pub fn from_knobs<S: AsRef<str>>(lookup: impl Fn(&str) -> Option<S>) -> Result<Options, OptionError> {
                 let mut o = Options::default();
-                $( if let Some(v) = lookup(&env_name(stringify!($name))) { o.set(stringify!($name), &v)?; } )*
+                $( if let Some(v) = lookup(stringify!($name)) {
+                    let v = v.as_ref();
+                    o.$name = <$kind as Kind>::parse(v).ok_or_else(|| {
+                        OptionError::bad_value(stringify!($name), v, <$kind as Kind>::ACCEPTS)
+                    })?;
+                } )*
                 o.validate()?;
                 Ok(o)
             }
