@@ -82,48 +82,22 @@ impl Drop for Guard {
 /// engine's locks held by the very thread it interrupted.
 pub struct Quiet {
     errno: i32,
-    mask: u64,
+    _signals: engine::sys::thread::Blocked,
 }
 
 impl Quiet {
     pub fn new() -> Quiet {
-        let all = u64::MAX;
-        let mut mask = 0u64;
-        // SAFETY: rt_sigprocmask reads `all` and writes `mask`, 8-byte kernel sigsets.
-        let _ = unsafe {
-            raw::call(
-                libc::SYS_rt_sigprocmask,
-                [
-                    libc::SIG_SETMASK as usize,
-                    &all as *const u64 as usize,
-                    &mut mask as *mut u64 as usize,
-                    8,
-                    0,
-                    0,
-                ],
-            )
-        };
-        Quiet { errno: errno(), mask }
+        Quiet {
+            errno: errno(),
+            _signals: engine::sys::thread::Blocked::all(),
+        }
     }
 }
 
 impl Drop for Quiet {
     fn drop(&mut self) {
+        // The signal mask is put back right after, by the field's own drop.
         set_errno(self.errno);
-        // SAFETY: restores the mask saved by `new`.
-        let _ = unsafe {
-            raw::call(
-                libc::SYS_rt_sigprocmask,
-                [
-                    libc::SIG_SETMASK as usize,
-                    &self.mask as *const u64 as usize,
-                    0,
-                    8,
-                    0,
-                    0,
-                ],
-            )
-        };
     }
 }
 

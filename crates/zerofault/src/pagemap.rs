@@ -474,20 +474,25 @@ mod tests {
         assert!(s.is_claimed(4) && s.is_claimed(13) && !s.is_claimed(14));
     }
 
-    #[test]
-    fn concurrent_claims_never_hand_out_a_page_twice() {
-        let m = Arc::new(PageMap::new(4096));
+    /// Four threads each claiming `rounds` windows `(first, pages)` that `pick` chooses from
+    /// its own generator. Checks that no page was handed out twice and that the map counts
+    /// them; returns every page claimed, sorted.
+    fn claim_from_four_threads(
+        m: &Arc<PageMap>,
+        rounds: usize,
+        pick: impl Fn(&mut Lcg) -> (u64, u64) + Send + Sync + 'static,
+    ) -> Vec<u64> {
+        let pick = Arc::new(pick);
         let threads: Vec<_> = (0..4)
             .map(|t| {
-                let m = m.clone();
+                let (m, pick) = (m.clone(), pick.clone());
                 std::thread::spawn(move || {
                     let mut got = vec![];
-                    let mut x = t as u64 * 7919 + 1;
-                    for _ in 0..2000 {
-                        x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
-                        let first = (x >> 33) % 4096;
+                    let mut g = Lcg(t + 1);
+                    for _ in 0..rounds {
+                        let (first, n) = pick(&mut g);
                         let mut runs = vec![];
-                        m.claim(first, 1 + (x >> 20) % 100, &mut runs);
+                        m.claim(first, n, &mut runs);
                         got.extend(runs.iter().flat_map(|(s, l)| *s..*s + *l));
                     }
                     got
@@ -500,6 +505,13 @@ mod tests {
         all.dedup();
         assert_eq!(all.len(), n, "a page was claimed twice");
         assert_eq!(n as u64, m.count());
+        all
+    }
+
+    #[test]
+    fn concurrent_claims_never_hand_out_a_page_twice() {
+        let m = Arc::new(PageMap::new(4096));
+        claim_from_four_threads(&m, 2000, |g| (g.below(4096), 1 + g.below(100)));
     }
 
     /// A small deterministic generator (no dependencies).
@@ -632,28 +644,9 @@ mod tests {
         let m = Arc::new(PageMap::new(pages));
         // Leaf boundaries: claims around them race to make both leaves.
         let spots: Vec<u64> = (1..=64).map(|i| i * (pages / 65) / LEAF_PAGES * LEAF_PAGES).collect();
-        let threads: Vec<_> = (0..4)
-            .map(|t| {
-                let (m, spots) = (m.clone(), spots.clone());
-                std::thread::spawn(move || {
-                    let mut got = vec![];
-                    let mut g = Lcg(t + 1);
-                    for _ in 0..3000 {
-                        let first = spots[g.below(64) as usize] - 1000 + g.below(2000);
-                        let mut runs = vec![];
-                        m.claim(first, 1 + g.below(100), &mut runs);
-                        got.extend(runs.iter().flat_map(|(s, l)| *s..*s + *l));
-                    }
-                    got
-                })
-            })
-            .collect();
-        let mut all: Vec<u64> = threads.into_iter().flat_map(|t| t.join().unwrap()).collect();
-        let n = all.len();
-        all.sort_unstable();
-        all.dedup();
-        assert_eq!(all.len(), n, "a page was claimed twice");
-        assert_eq!(n as u64, m.count());
+        let all = claim_from_four_threads(&m, 3000, move |g| {
+            (spots[g.below(64) as usize] - 1000 + g.below(2000), 1 + g.below(100))
+        });
         let mut leaves: Vec<u64> = all.iter().map(|p| p / LEAF_PAGES).collect();
         leaves.dedup();
         assert_eq!(

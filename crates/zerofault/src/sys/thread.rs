@@ -253,10 +253,10 @@ pub fn spawn(name: &str, body: Box<dyn FnOnce() + Send>) -> io::Result<EngineThr
 /// Every signal blocked on the calling thread until dropped (then the old mask is back). All 64
 /// bits: glibc's `sigfillset` leaves out the two signals glibc keeps for itself, which an engine
 /// thread must not take either.
-struct Blocked(u64);
+pub struct Blocked(u64);
 
 impl Blocked {
-    fn all() -> Blocked {
+    pub fn all() -> Blocked {
         let all = u64::MAX;
         let mut old = 0u64;
         // SAFETY: rt_sigprocmask reads `all` and writes `old`, both 8-byte kernel sigsets.
