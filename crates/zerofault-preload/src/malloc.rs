@@ -150,6 +150,17 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     unsafe { next::realloc(p, size) }
 }
 
+/// reallocarray(3): glibc's calls its own realloc, which would not know an arena block.
+#[no_mangle]
+pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
+    let Some(total) = n.checked_mul(size) else {
+        state::set_errno(libc::ENOMEM);
+        return std::ptr::null_mut();
+    };
+    // SAFETY: realloc with the caller's pointer.
+    unsafe { realloc(p, total) }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
     if align.is_power_of_two() && align % std::mem::size_of::<usize>() == 0 {
