@@ -449,7 +449,10 @@ impl<'a> Handler<'a> {
     fn drain_events(&mut self) {
         Stats::add(&self.stats().drained_for_events, 1);
         let mut buf = [RawMsg::default(); BATCH];
-        self.seq = self.shared.ranges.seq();
+        // The events read here are applied as of now; the rest of a batch read earlier (the
+        // caller may be in the middle of one) keeps the older mark, or its unmaps would cut
+        // ranges registered since.
+        let outer = std::mem::replace(&mut self.seq, self.shared.ranges.seq());
         let n = match self.uffd.read(&mut buf) {
             Ok(n) => n,
             Err(e) => {
@@ -463,6 +466,7 @@ impl<'a> Handler<'a> {
                 e => self.handle(e),
             }
         }
+        self.seq = outer;
         if n == 0 {
             std::thread::yield_now();
         }
