@@ -409,6 +409,14 @@ impl<'a> Handler<'a> {
             _ => handback_span(lo, hi, range.pages, (range.start / PAGE_SIZE) as u64),
         };
         let (addr, len) = (range.addr_of(first), (end - first) as usize * PAGE_SIZE);
+        let shared = self.shared;
+        let _reg = shared.reg_lock();
+        // A range released, cut or replaced since the fault is not handed back: its span may
+        // be another range's now.
+        if !shared.ranges.find(range.start).is_some_and(|r| r.id == range.id) {
+            Stats::add(&self.stats().handbacks_stale, 1);
+            return None;
+        }
         if let Err(e) = self.uffd.unregister(addr, len) {
             self.note_errno(e.0);
             return None;

@@ -103,7 +103,7 @@ use scrub::ScrubCtl;
 use stats::{Stats, StatsHome};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use sys::mman::{self, PAGE_SIZE, PMD_SIZE};
 use sys::thread::EngineThread;
 use sys::uffd::Uffd;
@@ -186,6 +186,14 @@ pub struct Shared {
     /// [`Engine::stats`] can wait for the counts of the install that woke its caller.
     pub(crate) handling: AtomicU64,
     next_region: AtomicU64,
+    /// Held across every change of both the table and the kernel's registration (a range
+    /// registered, released, or handed back), so that the two agree: a hand-back of a range
+    /// that a program thread replaced meanwhile would otherwise unregister the new one in the
+    /// kernel, or cut it from the table while the kernel keeps it registered (a fault the table
+    /// does not know, and an mremap refused for a registration nobody releases). Program
+    /// threads take it inside hooks with signals blocked; nothing is done under it that waits
+    /// for the handler.
+    pub(crate) reg: Mutex<()>,
 }
 
 impl Shared {
@@ -197,11 +205,17 @@ impl Shared {
         self.scrub.kick();
     }
 
+    /// See [`Shared::reg`].
+    pub(crate) fn reg_lock(&self) -> MutexGuard<'_, ()> {
+        self.reg.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Records `[addr, addr + len)` in the table, then registers it. With the engine failed,
     /// only records it (so that an owning Region still unmaps it). `fresh`: no page of it was
     /// ever touched; otherwise every PMD of it may hold a page table (no huge page is moved
     /// there).
     pub(crate) fn register_range(&self, addr: usize, len: usize, owner: Option<u64>, fresh: bool) -> io::Result<()> {
+        let _reg = self.reg_lock();
         let r = self.ranges.insert(addr, (len / PAGE_SIZE) as u64, owner);
         if !fresh {
             r.mark_tables(addr, len);
@@ -300,6 +314,7 @@ impl Engine {
             doorbell,
             handling: AtomicU64::new(0),
             next_region: AtomicU64::new(1),
+            reg: Mutex::new(()),
             opts,
         });
         let spawn = |name: &str, body: fn(Arc<Shared>)| {
@@ -440,6 +455,7 @@ impl Engine {
     /// there stay. For callers that must see the program's mappings as they would be without
     /// the engine (registration splits VMAs).
     pub fn release(&self, addr: usize, len: usize) {
+        let _reg = self.shared.reg_lock();
         let seq = self.shared.ranges.seq();
         self.shared.ranges.unmap(addr, addr + len, seq);
         let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());

@@ -108,6 +108,9 @@ counters! {
     handbacks,
     /// Pages in the parts handed back.
     pages_handed_back,
+    /// Hand-backs not made because the program released, cut or replaced the range since the
+    /// fault that called for them.
+    handbacks_stale,
     /// UFFD_EVENT_REMOVE messages (madvise DONTNEED/FREE/REMOVE).
     events_remove,
     /// UFFD_EVENT_UNMAP messages (munmap, mmap MAP_FIXED over a region).
