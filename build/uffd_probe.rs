@@ -7,6 +7,9 @@
 //! and fail with the reason when userfaultfd is missing.
 //!
 //! Likewise `zerofault_no_stress_ng` when `stress-ng` is not on the PATH (one test runs it).
+//!
+//! For the shim (`zerofault-preload`) it also links GCC's unwinder into the library
+//! ([`static_unwinder`]).
 
 use std::io::Error;
 
@@ -53,7 +56,35 @@ fn has_stress_ng() -> bool {
     std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("stress-ng").is_file()))
 }
 
+/// The shim is loaded into every process started under it, most of which never use it: its
+/// cost there is loading it. Rust's std links the unwinder from `libgcc_s.so.1`, a second
+/// library to map and relocate whose constructor runs CPUID a few dozen times (each a VM exit
+/// in a virtual machine): about 60 µs of the 0.6 ms of a `/bin/true` here. The same unwinder
+/// from `libgcc_eh.a` (what `gcc -static-libgcc` links into shared libraries) comes inside
+/// the shim instead, its symbols hidden by the library's version script; `libgcc_s` is then
+/// not needed (cargo links with `--as-needed`). Where the compiler has no `libgcc_eh.a`, the
+/// shim simply keeps `libgcc_s`.
+fn static_unwinder() {
+    let gnu_linux = std::env::var("CARGO_CFG_TARGET_OS").as_deref() == Ok("linux")
+        && std::env::var("CARGO_CFG_TARGET_ENV").as_deref() == Ok("gnu");
+    if std::env::var("CARGO_PKG_NAME").as_deref() != Ok("zerofault-preload") || !gnu_linux {
+        return;
+    }
+    let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+    let Ok(out) = std::process::Command::new(&cc).arg("-print-file-name=libgcc_eh.a").output() else {
+        return;
+    };
+    let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    // Not found, the compiler prints the bare name back.
+    if let (true, Some(dir)) = (path.is_absolute() && path.is_file(), path.parent()) {
+        println!("cargo:rustc-link-search=native={}", dir.display());
+        println!("cargo:rustc-link-lib=static:+whole-archive=gcc_eh");
+    }
+}
+
 fn main() {
+    println!("cargo:rerun-if-env-changed=CC");
+    static_unwinder();
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_uffd)");
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_stress_ng)");
     println!("cargo:rerun-if-env-changed=ZEROFAULT_REQUIRE_UFFD");
