@@ -413,7 +413,7 @@ impl<'a> Handler<'a> {
         let _reg = shared.reg_lock();
         // A range released, cut or replaced since the fault is not handed back: its span may
         // be another range's now.
-        if !shared.ranges.find(range.start).is_some_and(|r| r.id == range.id) {
+        if shared.ranges.find(range.start).is_none_or(|r| r.id != range.id) {
             Stats::add(&self.stats().handbacks_stale, 1);
             return None;
         }
