@@ -71,7 +71,10 @@ fn static_unwinder() {
         return;
     }
     let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
-    let Ok(out) = std::process::Command::new(&cc).arg("-print-file-name=libgcc_eh.a").output() else {
+    let Ok(out) = std::process::Command::new(&cc)
+        .arg("-print-file-name=libgcc_eh.a")
+        .output()
+    else {
         return;
     };
     let path = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
