@@ -350,23 +350,28 @@ impl<'a> Handler<'a> {
         for &(first, n) in runs.iter().rev() {
             let dst = range.addr_of(first);
             let len = n as usize * PAGE_SIZE;
-            let done = if write {
-                self.install_write(dst, len, Some(&range))
-            } else {
-                range.mark_tables(dst, len);
-                self.install_read(dst, len)
-            };
-            let installed_to = match done {
+            self.stopped_by = 0;
+            let done = self.install_run(dst, len, write, &range);
+            let stop = match done {
                 Done::All => dst + len,
-                Done::Stopped(off) => {
-                    // Release what was not installed, so that a later window tries it again.
-                    range
-                        .map
-                        .clear(range.page_of(dst + off), ((len - off) / PAGE_SIZE) as u64);
-                    dst + off
-                }
+                Done::Stopped(off) => dst + off,
             };
-            woken |= page_addr >= dst && page_addr < installed_to;
+            // A window that runs past the end of the mapping (into a PROT_NONE or unmapped
+            // neighbour: memory committed with mprotect piece by piece) is refused whole.
+            // The part from the fault on is then installed in pieces that fit.
+            let fits = matches!(self.stopped_by, libc::ENOENT | libc::EINVAL);
+            let (from, to) = if stop <= page_addr && page_addr < dst + len && fits {
+                (page_addr, self.install_to_boundary(page_addr, dst + len, write, &range))
+            } else {
+                (stop, stop)
+            };
+            // Release what was not installed, so that a later window tries it again.
+            for (a, b) in [(stop, from), (to, dst + len)] {
+                if a < b {
+                    range.map.clear(range.page_of(a), ((b - a) / PAGE_SIZE) as u64);
+                }
+            }
+            woken |= page_addr >= dst && (page_addr < stop || page_addr < to);
         }
         self.runs = runs;
         if !woken {
@@ -375,6 +380,41 @@ impl<'a> Handler<'a> {
         if w.outcome == Outcome::Hit && write {
             self.want_pool();
         }
+    }
+
+    /// One run of a window: zero pages for a write, zero-page mappings for a read.
+    fn install_run(&mut self, dst: usize, len: usize, write: bool, range: &Range) -> Done {
+        if write {
+            self.install_write(dst, len, Some(range))
+        } else {
+            range.mark_tables(dst, len);
+            self.install_read(dst, len)
+        }
+    }
+
+    /// Installs `[from, end)` in pieces, halving a piece the kernel refuses as crossing the end
+    /// of the mapping (ENOENT, EINVAL), until a one-page piece is refused or anything else
+    /// stops it. Returns where the installed part from `from` ends (`from`: nothing).
+    fn install_to_boundary(&mut self, from: usize, end: usize, write: bool, range: &Range) -> usize {
+        let mut at = from;
+        let mut piece = ((end - from) / 2).next_multiple_of(PAGE_SIZE);
+        while at < end {
+            let len = piece.min(end - at);
+            self.stopped_by = 0;
+            match self.install_run(at, len, write, range) {
+                Done::All => at += len,
+                Done::Stopped(off) => {
+                    at += off;
+                    let refused = matches!(self.stopped_by, libc::ENOENT | libc::EINVAL);
+                    if !refused || len == PAGE_SIZE {
+                        break;
+                    }
+                    piece = (len / 2).next_multiple_of(PAGE_SIZE);
+                }
+            }
+        }
+        Stats::add(&self.stats().windows_clipped, 1);
+        at
     }
 
     /// A sequential writer is proven: keep the pool between its watermarks from now on. Random

@@ -121,6 +121,9 @@ counters! {
     pages_forgotten,
     /// Installs retried after reading pending events (EAGAIN from mmap_changing).
     drained_for_events,
+    /// Windows refused whole because they ran past the end of the mapping, then installed in
+    /// pieces that fit (memory committed piece by piece with mprotect).
+    windows_clipped,
     /// Times the handler failed open on an errno no install expects (then the kernel serves
     /// every fault).
     fail_opens,

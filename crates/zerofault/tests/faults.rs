@@ -62,6 +62,40 @@ fn sequential_writes_are_served_zero_from_the_pool_in_growing_windows() {
     assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
 }
 
+/// Memory committed piece by piece with mprotect (a heap grown in place, a JVM committing its
+/// reservation): a window that runs past the committed part is refused whole by the kernel
+/// (its end is another VMA), and without clipping each later page faults on its own.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn windows_clip_at_memory_committed_piece_by_piece() {
+    const STEP: usize = 64 << 10;
+    let e = engine_with(&[]);
+    let mut r = e.map(64 * MIB).unwrap();
+    let base = r.as_ptr();
+    let protect = |off: usize, len: usize, prot: i32| {
+        // SAFETY: a page-aligned part of the region, which stays mapped until r drops.
+        assert_eq!(unsafe { libc::mprotect(base.add(off).cast(), len, prot) }, 0);
+    };
+    protect(STEP, 64 * MIB - STEP, libc::PROT_NONE);
+    let pages = 64 * MIB / PAGE_SIZE;
+    let mut bad = 0;
+    for off in (0..64 * MIB).step_by(STEP) {
+        if off > 0 {
+            protect(off, STEP, libc::PROT_READ | libc::PROT_WRITE);
+        }
+        bad += touch_and_check(&mut r, off / PAGE_SIZE..(off + STEP) / PAGE_SIZE);
+    }
+    assert_eq!(bad, 0);
+    let s = e.stats();
+    assert!(
+        s.fault_events < (pages / 16) as u64 && s.windows_clipped > 0,
+        "{} faults for {pages} pages committed 16 at a time: {}",
+        s.fault_events,
+        s.to_text()
+    );
+    assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
+}
+
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn random_writes_read_zero_and_go_back_to_the_kernel() {
