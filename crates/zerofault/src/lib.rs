@@ -32,7 +32,10 @@
 //!    always the PMD the fault landed in (the kernel gave it a page table before it asked us),
 //!    get 4 KiB pages from the small ring, one ioctl per contiguous run. The pieces go in last
 //!    to first, so the thread wakes only when its whole window is there. A read maps the shared
-//!    zero page (`UFFDIO_ZEROPAGE`), spending no pool page, as the seed did.
+//!    zero page (`UFFDIO_ZEROPAGE`), spending no pool page, as the seed did. A window that
+//!    runs past the end of its mapping (memory committed piece by piece with `mprotect`, as a
+//!    heap grown in place or a JVM heap is) is refused whole by the kernel; it then goes in
+//!    as halving pieces from the fault on, rather than a page per fault.
 //! 5. If the huge ring is empty the handler prepares the huge page itself (one populate of a
 //!    2 MiB staging area, then the move: what the kernel's own THP fault would do, while the
 //!    scrub refills on the other CPU); if the small ring is empty the pages are copied from a
