@@ -359,8 +359,8 @@ impl<'a> Handler<'a> {
             // A window that runs past the end of the mapping (into a PROT_NONE or unmapped
             // neighbour: memory committed with mprotect piece by piece) is refused whole.
             // The part from the fault on is then installed in pieces that fit.
-            let fits = matches!(self.stopped_by, libc::ENOENT | libc::EINVAL);
-            let (from, to) = if stop <= page_addr && page_addr < dst + len && fits {
+            let refused = matches!(self.stopped_by, libc::ENOENT | libc::EINVAL);
+            let (from, to) = if stop <= page_addr && page_addr < dst + len && refused {
                 (page_addr, self.install_to_boundary(page_addr, dst + len, write, &range))
             } else {
                 (stop, stop)
@@ -392,10 +392,12 @@ impl<'a> Handler<'a> {
         }
     }
 
-    /// Installs `[from, end)` in pieces, halving a piece the kernel refuses as crossing the end
-    /// of the mapping (ENOENT, EINVAL), until a one-page piece is refused or anything else
-    /// stops it. Returns where the installed part from `from` ends (`from`: nothing).
-    fn install_to_boundary(&mut self, from: usize, end: usize, write: bool, range: &Range) -> usize {
+    /// Installs `[from, end)` up to the end of the mapping: a piece the kernel refuses as
+    /// crossing it (ENOENT, EINVAL) is halved, and nothing past the refused piece's last page is
+    /// tried again, so that the memory beyond (`PROT_NONE`, not yet committed by the program)
+    /// is not populated. Stops at a refused one-page piece or any other stop. Returns where
+    /// the installed part from `from` ends (`from`: nothing).
+    fn install_to_boundary(&mut self, from: usize, mut end: usize, write: bool, range: &Range) -> usize {
         let mut at = from;
         let mut piece = ((end - from) / 2).next_multiple_of(PAGE_SIZE);
         while at < end {
@@ -404,11 +406,14 @@ impl<'a> Handler<'a> {
             match self.install_run(at, len, write, range) {
                 Done::All => at += len,
                 Done::Stopped(off) => {
-                    at += off;
                     let refused = matches!(self.stopped_by, libc::ENOENT | libc::EINVAL);
                     if !refused || len == PAGE_SIZE {
+                        at += off;
                         break;
                     }
+                    // The end of the mapping lies inside the refused piece.
+                    end = at + len - PAGE_SIZE;
+                    at += off;
                     piece = (len / 2).next_multiple_of(PAGE_SIZE);
                 }
             }
