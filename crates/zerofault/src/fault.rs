@@ -350,7 +350,6 @@ impl<'a> Handler<'a> {
         for &(first, n) in runs.iter().rev() {
             let dst = range.addr_of(first);
             let len = n as usize * PAGE_SIZE;
-            self.stopped_by = 0;
             let done = self.install_run(dst, len, write, &range);
             let stop = match done {
                 Done::All => dst + len,
@@ -359,8 +358,7 @@ impl<'a> Handler<'a> {
             // A window that runs past the end of the mapping (into a PROT_NONE or unmapped
             // neighbour: memory committed with mprotect piece by piece) is refused whole.
             // The part from the fault on is then installed in pieces that fit.
-            let refused = matches!(self.stopped_by, libc::ENOENT | libc::EINVAL);
-            let (from, to) = if stop <= page_addr && page_addr < dst + len && refused {
+            let (from, to) = if stop <= page_addr && page_addr < dst + len && self.refused_whole() {
                 (page_addr, self.install_to_boundary(page_addr, dst + len, write, &range))
             } else {
                 (stop, stop)
@@ -382,8 +380,10 @@ impl<'a> Handler<'a> {
         }
     }
 
-    /// One run of a window: zero pages for a write, zero-page mappings for a read.
+    /// One run of a window: zero pages for a write, zero-page mappings for a read. If it stops
+    /// early, `stopped_by` says why.
     fn install_run(&mut self, dst: usize, len: usize, write: bool, range: &Range) -> Done {
+        self.stopped_by = 0;
         if write {
             self.install_write(dst, len, Some(range))
         } else {
@@ -402,24 +402,28 @@ impl<'a> Handler<'a> {
         let mut piece = ((end - from) / 2).next_multiple_of(PAGE_SIZE);
         while at < end {
             let len = piece.min(end - at);
-            self.stopped_by = 0;
             match self.install_run(at, len, write, range) {
                 Done::All => at += len,
                 Done::Stopped(off) => {
-                    let refused = matches!(self.stopped_by, libc::ENOENT | libc::EINVAL);
-                    if !refused || len == PAGE_SIZE {
-                        at += off;
+                    // If refused, the end of the mapping lies inside this piece.
+                    let last = at + len - PAGE_SIZE;
+                    at += off;
+                    if !self.refused_whole() || len == PAGE_SIZE {
                         break;
                     }
-                    // The end of the mapping lies inside the refused piece.
-                    end = at + len - PAGE_SIZE;
-                    at += off;
+                    end = last;
                     piece = (len / 2).next_multiple_of(PAGE_SIZE);
                 }
             }
         }
         Stats::add(&self.stats().windows_clipped, 1);
         at
+    }
+
+    /// The last install stopped because the kernel refused its range as a whole (ENOENT,
+    /// EINVAL): it runs past the end of the mapping, or the mapping is gone.
+    fn refused_whole(&self) -> bool {
+        matches!(self.stopped_by, libc::ENOENT | libc::EINVAL)
     }
 
     /// A sequential writer is proven: keep the pool between its watermarks from now on. Random
@@ -475,6 +479,7 @@ impl<'a> Handler<'a> {
 
     /// Serves one page outside the window logic (already-claimed or unknown pages) and wakes it.
     fn install_one(&mut self, page_addr: usize, write: bool) {
+        self.stopped_by = 0;
         let p = if write {
             self.install_write(page_addr, PAGE_SIZE, None)
         } else {
