@@ -170,16 +170,20 @@ pub fn resident_pages(addr: usize, len: usize) -> io::Result<usize> {
 /// Whether the kernel hands out 2 MiB transparent huge pages to `MADV_HUGEPAGE` memory: THP
 /// is built in, not `never` (the administrator's word), and a huge page is one PMD.
 pub fn thp_available() -> bool {
-    let read = |f: &str| std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{f}"));
-    let enabled = read("enabled").is_ok_and(|s| !s.contains("[never]"));
-    let size = read("hpage_pmd_size").is_ok_and(|s| s.trim().parse::<usize>() == Ok(PMD_SIZE));
+    let enabled = thp_setting("enabled").is_ok_and(|s| !s.contains("[never]"));
+    let size = thp_setting("hpage_pmd_size").is_ok_and(|s| s.trim().parse::<usize>() == Ok(PMD_SIZE));
     enabled && size
 }
 
 /// Whether the system's THP setting is `always`: then every anonymous mapping without
 /// `MADV_NOHUGEPAGE` gets huge pages at its faults.
 pub fn thp_always() -> bool {
-    std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").is_ok_and(|s| s.contains("[always]"))
+    thp_setting("enabled").is_ok_and(|s| s.contains("[always]"))
+}
+
+/// One file of /sys/kernel/mm/transparent_hugepage.
+fn thp_setting(file: &str) -> io::Result<String> {
+    std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{file}"))
 }
 
 /// Bytes of transparent huge pages mapped around `[addr, addr + len)`: the `AnonHugePages` of
