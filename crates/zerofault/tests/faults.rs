@@ -77,12 +77,6 @@ fn windows_clip_at_memory_committed_piece_by_piece() {
         // SAFETY: a page-aligned part of the region, which stays mapped until r drops.
         assert_eq!(unsafe { libc::mprotect(base.add(off).cast(), len, prot) }, 0);
     };
-    let resident = |off: usize, len: usize| {
-        let mut v = vec![0u8; len / PAGE_SIZE];
-        // SAFETY: a page-aligned part of the mapped region; v has one byte per page.
-        assert_eq!(unsafe { libc::mincore(base.add(off).cast(), len, v.as_mut_ptr()) }, 0);
-        v.iter().filter(|&&b| b & 1 != 0).count()
-    };
     protect(STEP, 64 * MIB - STEP, libc::PROT_NONE);
     let pages = 64 * MIB / PAGE_SIZE;
     let mut bad = 0;
@@ -92,7 +86,7 @@ fn windows_clip_at_memory_committed_piece_by_piece() {
         }
         bad += touch_and_check(&mut r, off / PAGE_SIZE..(off + STEP) / PAGE_SIZE);
         if off == 32 * MIB {
-            let beyond = resident(off + STEP, 64 * MIB - off - STEP);
+            let beyond = mman::resident_pages(base as usize + off + STEP, 64 * MIB - off - STEP).unwrap();
             assert_eq!(beyond, 0, "pages populated where the program committed nothing yet");
         }
     }
