@@ -12,7 +12,10 @@ use std::process::Command;
 use zerofault::options::env_name;
 use zerofault::Options;
 
+/// The file that goes in LD_PRELOAD: the shim's front, which loads [`SHIM_PROPER`] from its own
+/// directory on a process's first large request.
 pub const SHIM: &str = "libzerofault.so";
+pub const SHIM_PROPER: &str = "libzerofault_shim.so";
 
 #[derive(Debug, PartialEq)]
 pub struct RunArgs {
@@ -73,17 +76,19 @@ pub fn candidates(exe: &Path) -> Vec<PathBuf> {
 pub fn find_shim() -> Result<PathBuf, String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this binary: {e}"))?;
     let places = candidates(&exe);
-    // The newest: a cargo build refreshes deps/ and leaves an older copy beside the binary
-    // until the shim's own package is built at the top level again.
-    let mtime = |p: &PathBuf| p.metadata().and_then(|m| m.modified()).ok();
+    // The newest shim with its front beside it: a cargo build refreshes deps/ and leaves an
+    // older copy beside the binary until the shim's own package is built at the top level
+    // again.
+    let proper = |p: &PathBuf| p.with_file_name(SHIM_PROPER);
+    let mtime = |p: &PathBuf| proper(p).metadata().and_then(|m| m.modified()).ok();
     places
         .iter()
-        .filter(|p| p.is_file())
+        .filter(|p| p.is_file() && proper(p).is_file())
         .max_by_key(|p| mtime(p))
         .cloned()
         .ok_or_else(|| {
             format!(
-                "cannot find {SHIM} (looked in {}; `cargo build --release` builds it)",
+                "cannot find {SHIM} and {SHIM_PROPER} (looked in {}; `cargo build --release` builds them)",
                 places
                     .iter()
                     .map(|p| p.display().to_string())

@@ -529,6 +529,27 @@ fn a_program_without_large_blocks_gets_no_engine() {
     assert_native(&native, "threads: 1\nuserfaultfd: no\n");
     let shim = go(zerofault().args(["run", "--"]).arg(&prog));
     assert_same(&native, &shim);
+    // Without a knob set, the front alone is loaded: the shim proper waits for a large request.
+    let loaded = |cmd: &mut Command| {
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ZEROFAULT_") {
+                cmd.env_remove(k);
+            }
+        }
+        stdout(&go(cmd.arg("loaded")))
+    };
+    let not_loaded = "threads: 1\nuserfaultfd: no\nshim proper: not loaded\n";
+    assert_eq!(loaded(&mut plain(&prog, &[])), not_loaded);
+    assert_eq!(loaded(zerofault().args(["run", "--"]).arg(&prog)), not_loaded);
+    assert_eq!(
+        loaded(
+            plain(&prog, &[])
+                .env("LD_PRELOAD", common::shim())
+                .env("ZEROFAULT_REQUIRE_UFFD", "1")
+        ),
+        not_loaded,
+        "ZEROFAULT_REQUIRE_UFFD is the test suite's, not a knob: it loads nothing"
+    );
     let shim = go(&mut shimmed(&prog, &[], &[]));
     assert_same_stdout(&native, &shim);
     assert!(
@@ -536,6 +557,66 @@ fn a_program_without_large_blocks_gets_no_engine() {
         "ZEROFAULT_STATS=1 and nothing served: nothing printed, but:\n{}",
         stderr(&shim)
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The front loads the shim proper on the first large request (or at start, when the
+/// process's malloc or mmap is another's: loading from inside that allocator's mmap would have
+/// the loader allocate through it under its own lock), and the engine then serves the program
+/// as usual. Catches an engine that never starts without a knob set, a shim loaded up front, a
+/// deadlock inside jemalloc, tcmalloc or mimalloc (killed at the limit), wrong bytes, and any
+/// program thread on which glibc allocated the shim's thread-local storage (with the program's
+/// malloc, from inside a hook). No knob is set in any run.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn the_shim_is_loaded_on_the_first_large_request() {
+    let dir = temp_dir("lazy");
+    let prog = cc("lazy", &dir, false);
+    let quiet = |mut c: Command| {
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("ZEROFAULT_") {
+                c.env_remove(k);
+            }
+        }
+        c
+    };
+    let after = |loaded: &str, engine: &str| {
+        format!("after: shim {loaded}, engine {engine}, shim TLS on 0 of 5 program threads, bad bytes 0\n")
+    };
+    let native = go(&mut quiet(plain(&prog, &[])));
+    assert_native(
+        &native,
+        &format!("before: shim not loaded\n{}", after("not loaded", "not running")),
+    );
+    let lazily = format!("before: shim not loaded\n{}", after("loaded", "running"));
+    let at_start = format!("before: shim loaded\n{}", after("loaded", "running"));
+    let front = shim().display().to_string();
+    let mut by_run = quiet(zerofault());
+    by_run.args(["run", "--"]).arg(&prog);
+    let mut runs = vec![("zerofault run".to_string(), by_run, lazily.clone())];
+    for lib in ["libjemalloc.so.2", "libtcmalloc_minimal.so.4", "libmimalloc.so.2"] {
+        let alloc = system_lib(lib).display().to_string();
+        let mut first = quiet(plain(&prog, &[]));
+        first.env("LD_PRELOAD", format!("{front}:{alloc}"));
+        runs.push((format!("LD_PRELOAD=libzerofault.so:{lib}"), first, lazily.clone()));
+        let mut second = quiet(plain(&prog, &[]));
+        second.env("LD_PRELOAD", format!("{alloc}:{front}"));
+        runs.push((format!("LD_PRELOAD={lib}:libzerofault.so"), second, at_start.clone()));
+    }
+    let mut failures = vec![];
+    for (what, mut cmd, expected) in runs {
+        match Running::start(&mut cmd, LIMIT).rss_cap(RSS_CAP).finish() {
+            Ok(o) if o.status.code() == Some(0) && stdout(&o) == expected => {}
+            Ok(o) => failures.push(format!(
+                "{what}: {}, expected:\n{expected}--- stdout:\n{}--- stderr:\n{}",
+                o.status,
+                stdout(&o),
+                stderr(&o)
+            )),
+            Err(e) => failures.push(format!("{what}: {e}")),
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

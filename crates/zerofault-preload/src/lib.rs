@@ -1,7 +1,18 @@
-//! libzerofault.so: the LD_PRELOAD shim, and the C API of `include/zerofault.h`.
+//! libzerofault_shim.so: the LD_PRELOAD shim proper, and the C API of `include/zerofault.h`.
 //!
 //! Loaded into a program it never saw, the shim serves the first touch of the program's large
 //! anonymous memory with the engine, and changes nothing else.
+//!
+//! The file in LD_PRELOAD is its front, `libzerofault.so` (`front/front.c`, a small C library
+//! the build script compiles): every process started under the shim loads the front, which
+//! passes each call to the next definition until the process's first large request, then
+//! dlopen()s this library beside it and calls `zerofault_shim_init` (state.rs); every call goes
+//! here from then on. Most processes (a build's thousand `sh`, `cc`, `git`) never make one and
+//! never load this library: loading it costs about 0.15 ms, the front 0.04 ms. Dlopen()ed, this
+//! library's thread-locals are dynamic TLS, which glibc allocates with the program's malloc on a
+//! thread's first touch: no hook touches one on a program thread (the hooks' flags live in the
+//! front's static TLS; engine threads are known by their thread pointer, and get their own
+//! copy of every TLS block, see `engine::sys::thread`).
 //!
 //! # The rules: it lives inside other people's programs
 //! 1. **Nothing on a hook path or an engine thread calls the program's allocator, or takes a
@@ -65,3 +76,23 @@ pub use mmap::*;
 
 #[global_allocator]
 static ALLOC: engine::sys::alloc::EngineAlloc = engine::sys::alloc::EngineAlloc;
+
+#[cfg(test)]
+mod tests {
+    /// The front (front/front.c) loads the shim on requests of at least `ZF_FRONT_THRESHOLD`
+    /// when no knob is set: that must be the knob's default, or requests between the two would
+    /// be served or not depending on whether the shim happened to be loaded.
+    #[test]
+    fn the_front_loads_the_shim_at_the_default_threshold() {
+        let src = include_str!("../front/front.c");
+        let line = src
+            .lines()
+            .find(|l| l.starts_with("#define ZF_FRONT_THRESHOLD"))
+            .expect("front.c defines ZF_FRONT_THRESHOLD");
+        // #define ZF_FRONT_THRESHOLD ((size_t)2 << 20)
+        let expr = line.split("(size_t)").nth(1).expect("((size_t)A << B)");
+        let (a, b) = expr.trim_end_matches(')').split_once("<<").expect("A << B");
+        let front = a.trim().parse::<usize>().unwrap() << b.trim().parse::<u32>().unwrap();
+        assert_eq!(front, engine::Options::default().preload_threshold);
+    }
+}

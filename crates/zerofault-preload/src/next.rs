@@ -6,7 +6,6 @@
 //! buffer and are never freed.
 
 use libc::{c_int, c_void, size_t};
-use std::cell::Cell;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicUsize, Ordering::*};
 
@@ -25,8 +24,11 @@ impl Sym {
     }
 
     fn resolve(&self) {
+        // Under the front, the next definition after the front (this library, dlopen()ed, is
+        // last in the search order: its RTLD_NEXT would skip an allocator preloaded after us).
         // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; a null result is kept as 0.
-        let f = unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) };
+        let f = crate::state::front_next(self.name)
+            .unwrap_or_else(|| unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) });
         self.addr.store(f as usize, Release);
     }
 
@@ -87,25 +89,22 @@ symbols! {
     malloc_usable_size: fn(p: *mut c_void) -> size_t = 0;
 }
 
-thread_local! {
-    static RESOLVING: Cell<bool> = const { Cell::new(false) };
-}
-
 /// Resolves every symbol (once; later calls are cheap).
 pub fn resolve() {
     if syms::malloc.addr.load(Acquire) != 0 {
         return;
     }
-    RESOLVING.with(|r| r.set(true));
+    let f = crate::state::flags();
+    f.resolving.set(1);
     for s in ALL {
         s.resolve();
     }
-    RESOLVING.with(|r| r.set(false));
+    f.resolving.set(0);
 }
 
 /// Whether this thread is inside [`resolve`] (its allocations come from the boot buffer).
 pub fn resolving() -> bool {
-    RESOLVING.with(|r| r.get())
+    crate::state::flags().resolving.get() != 0
 }
 
 const BOOT_LEN: usize = 1 << 16;

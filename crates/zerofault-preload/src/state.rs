@@ -51,29 +51,85 @@ static THP_ALWAYS: AtomicBool = AtomicBool::new(false);
 /// would be.
 static LOCK_FUTURE: AtomicBool = AtomicBool::new(false);
 
-thread_local! {
+/// A thread's flags (C `struct zf_flags` in front/front.c).
+#[repr(C)]
+#[derive(Default)]
+pub struct Flags {
     /// Inside a hook (or the constructor): nested calls pass straight through.
-    static IN_HOOK: Cell<bool> = const { Cell::new(false) };
+    pub in_hook: Cell<i32>,
+    /// Inside [`crate::next::resolve`].
+    pub resolving: Cell<i32>,
+}
+
+/// What the front (front/front.c) hands the shim when it has loaded it (C `struct
+/// zf_front_api`).
+#[repr(C)]
+pub struct FrontApi {
+    version: u32,
+    size: u32,
+    flags: extern "C" fn() -> *mut Flags,
+    next: extern "C" fn(*const c_char) -> *mut c_void,
+    lock_future: i32,
+}
+
+const FRONT_VERSION: u32 = 1;
+
+/// The front's `flags` (an `extern "C" fn() -> *mut Flags`), or 0 when the shim was preloaded
+/// itself.
+static FRONT_FLAGS: AtomicUsize = AtomicUsize::new(0);
+/// The front's `next`, likewise.
+static FRONT_NEXT: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    /// The flags when there is no front (this library preloaded by itself, uninitialised: its
+    /// hooks pass every call through): then its TLS is static, set up by the loader at start,
+    /// and touching it allocates nothing.
+    static OWN_FLAGS: Flags = const { Flags { in_hook: Cell::new(0), resolving: Cell::new(0) } };
+}
+
+/// The calling thread's flags. Under the front they are the front's: this library is
+/// dlopen()ed there, so its own thread-locals are dynamic TLS, which glibc allocates, on a
+/// thread's first touch, with the process's malloc (possibly from inside that malloc's own
+/// mmap, under its lock). No hook touches a thread-local of this library then.
+pub fn flags() -> &'static Flags {
+    let f = FRONT_FLAGS.load(Acquire);
+    if f != 0 {
+        // SAFETY: the front's `flags`, set once by zerofault_shim_init: it returns the calling
+        // thread's flags, in the front's static TLS, live as long as the thread.
+        let f: extern "C" fn() -> *mut Flags = unsafe { std::mem::transmute(f) };
+        // SAFETY: as above; used by this thread only (the reference does not leave it).
+        return unsafe { &*f() };
+    }
+    // SAFETY: this thread's own flags, live as long as the thread; the reference does not
+    // leave it.
+    OWN_FLAGS.with(|f| unsafe { &*(f as *const Flags) })
+}
+
+/// The front's lookup of the next definition of `name`, when there is a front.
+pub fn front_next(name: &std::ffi::CStr) -> Option<*mut c_void> {
+    let f = FRONT_NEXT.load(Acquire);
+    // SAFETY: the front's `next`, set once by zerofault_shim_init; takes a C string.
+    (f != 0)
+        .then(|| unsafe { std::mem::transmute::<usize, extern "C" fn(*const c_char) -> *mut c_void>(f)(name.as_ptr()) })
 }
 
 /// Marks the thread as inside the shim until dropped.
-pub struct Guard;
+pub struct Guard(&'static Flags);
 
 /// `None` if the thread already is inside the shim.
 pub fn enter() -> Option<Guard> {
-    IN_HOOK.with(|f| {
-        if f.get() {
-            None
-        } else {
-            f.set(true);
-            Some(Guard)
-        }
-    })
+    let f = flags();
+    if f.in_hook.get() != 0 {
+        None
+    } else {
+        f.in_hook.set(1);
+        Some(Guard(f))
+    }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
-        IN_HOOK.with(|f| f.set(false));
+        self.0.in_hook.set(0);
     }
 }
 
@@ -297,19 +353,33 @@ fn env_lookup(knob: &str) -> Option<&'static str> {
 }
 
 #[used]
-#[link_section = ".init_array"]
-static INIT: extern "C" fn() = init;
-
-#[used]
 #[link_section = ".fini_array"]
 static FINI: extern "C" fn() = fini;
 
-extern "C" fn init() {
-    let Some(_g) = enter() else { return };
-    let saved = errno();
+/// The shim's initialisation. This library has no constructor: the front (front/front.c, the
+/// file in LD_PRELOAD) dlopen()s it and calls this, with the thread's `in_hook` flag set and
+/// every signal blocked. (Preloaded by itself, it initialises nothing, and its hooks pass every
+/// call through.) 0: the front passes every call here from now on (the shim may
+/// still be off, for a refused knob: then its hooks pass them through).
+///
+/// # Safety
+/// `api` points to the front's description of itself.
+#[no_mangle]
+pub unsafe extern "C" fn zerofault_shim_init(api: *const FrontApi) -> libc::c_int {
+    // SAFETY: the caller's pointer; its first two words say what it holds.
+    let api = unsafe { &*api };
+    if api.version != FRONT_VERSION || (api.size as usize) < std::mem::size_of::<FrontApi>() {
+        return -1;
+    }
+    FRONT_NEXT.store(api.next as usize, Release);
+    FRONT_FLAGS.store(api.flags as usize, Release);
+    if STATE.load(Acquire) != UNINIT {
+        return 0;
+    }
+    set_lock_future(api.lock_future != 0);
     next::resolve();
     init_options();
-    set_errno(saved);
+    0
 }
 
 fn init_options() {
@@ -393,6 +463,7 @@ extern "C" fn fork_child() {
         a.lock().unlock();
     }
     engine::sys::alloc::fork_child();
+    engine::sys::thread::forget_engine_threads_after_fork();
     OWNER_PID.store(getpid(), Release);
     if STATE.load(Acquire) != READY {
         return;
@@ -406,6 +477,9 @@ extern "C" fn fork_child() {
 }
 
 extern "C" fn fini() {
+    if STATE.load(Acquire) == UNINIT {
+        return; // never initialised (see zerofault_shim_init)
+    }
     let Some(_g) = enter() else { return };
     let Some(o) = OPTIONS.get() else { return };
     if !o.stats || getpid() != ROOT_PID.load(Acquire) {

@@ -245,15 +245,11 @@ pub struct Engine {
     scrubber: Option<EngineThread>,
 }
 
-thread_local! {
-    pub(crate) static ENGINE_THREAD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
-
 /// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
 /// shim passes their allocations and mappings straight to the system: they serve faults and
-/// must never wait on one.
+/// must never wait on one. No thread-local is read (see [`sys::thread::is_engine_thread`]).
 pub fn in_engine_thread() -> bool {
-    ENGINE_THREAD.with(|t| t.get())
+    sys::thread::is_engine_thread()
 }
 
 /// Whether this process can open a userfaultfd, and with which features.
@@ -322,14 +318,7 @@ impl Engine {
         });
         let spawn = |name: &str, body: fn(Arc<Shared>)| {
             let s = shared.clone();
-            sys::thread::spawn(
-                name,
-                Box::new(move || {
-                    ENGINE_THREAD.with(|t| t.set(true));
-                    body(s)
-                }),
-            )
-            .map_err(EngineError::Thread)
+            sys::thread::spawn(name, Box::new(move || body(s))).map_err(EngineError::Thread)
         };
         // Built before spawning, so that a failed spawn drops an Engine that stops what started.
         let mut engine = Engine {

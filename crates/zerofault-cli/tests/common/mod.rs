@@ -15,21 +15,33 @@ pub fn zerofault() -> Command {
     Command::new(env!("CARGO_BIN_EXE_zerofault"))
 }
 
-/// The directory holding libzerofault.so for this build (cargo puts it in `deps/`).
+/// The directory holding this build's shim: its front libzerofault.so and the shim proper
+/// libzerofault_shim.so (cargo puts them in `deps/`).
 pub fn lib_dir() -> PathBuf {
     let exe = PathBuf::from(env!("CARGO_BIN_EXE_zerofault"));
     let dir = exe.parent().unwrap().to_path_buf();
-    let mtime = |d: &PathBuf| d.join("libzerofault.so").metadata().and_then(|m| m.modified()).ok();
+    let mtime = |d: &PathBuf| {
+        d.join("libzerofault_shim.so")
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+    };
     [dir.clone(), dir.join("deps")]
         .into_iter()
-        .filter(|d| d.join("libzerofault.so").is_file())
+        .filter(|d| d.join("libzerofault.so").is_file() && d.join("libzerofault_shim.so").is_file())
         .max_by_key(mtime)
-        .expect("libzerofault.so built beside the zerofault binary")
+        .expect("libzerofault.so and libzerofault_shim.so built beside the zerofault binary")
 }
 
-/// The shim of this build, to put in LD_PRELOAD by hand.
+/// The shim of this build (its front), to put in LD_PRELOAD by hand.
 pub fn shim() -> PathBuf {
     lib_dir().join("libzerofault.so")
+}
+
+/// The shim proper, which the front loads on the first large request; to preload it directly
+/// (as before the front existed).
+pub fn shim_proper() -> PathBuf {
+    lib_dir().join("libzerofault_shim.so")
 }
 
 pub fn temp_dir(name: &str) -> PathBuf {

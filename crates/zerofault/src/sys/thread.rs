@@ -8,7 +8,7 @@ use super::mman::{self, PAGE_SIZE};
 use super::raw;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU32, Ordering::*};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -46,27 +46,93 @@ const DTV_SLOTS: usize = 4096;
 const DTV_UNALLOCATED: usize = usize::MAX;
 const MAX_MODULES: usize = 64;
 
-/// One module's static TLS block.
+/// One module's TLS block.
 #[derive(Clone, Copy, Debug, Default)]
 struct TlsModule {
     modid: usize,
-    /// Thread pointer minus the block's address (the same on every thread).
+    /// Thread pointer minus the block's address (the same on every thread) for a block in
+    /// static TLS; 0 for a dynamic one (a dlopen()ed module, this library among them when the
+    /// shim's front loaded it), which an engine thread gets in its own mapping instead.
     offset: usize,
     image: usize,
     filesz: usize,
     memsz: usize,
+    align: usize,
 }
 
-/// The process's static TLS, read once (at load, by the shim's constructor, or at the first
-/// engine start): the modules loaded at start and the size glibc reserves below the thread
-/// pointer.
+/// The process's TLS, read once (at load, by the shim's constructor, or at the first engine
+/// start): the modules with TLS and the size glibc reserves below the thread pointer.
 #[derive(Debug)]
 struct TlsLayout {
     /// Bytes below the thread pointer.
     below: usize,
     align: usize,
+    /// Static modules first (`modules[..n]`), then dynamic ones (`modules[n..n + dynamic]`).
     n: usize,
+    dynamic: usize,
     modules: [TlsModule; MAX_MODULES],
+}
+
+impl TlsLayout {
+    /// Bytes an engine thread needs for the dynamic modules' blocks, each aligned.
+    fn dynamic_bytes(&self) -> usize {
+        self.modules[self.n..self.n + self.dynamic]
+            .iter()
+            .fold(0usize, |at, m| at.next_multiple_of(m.align) + m.memsz)
+            + 64
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Which threads are engine threads
+//
+// Read on every hook call, on program threads: no thread-local may be touched there (under the
+// shim's front this library's thread-locals are dynamic TLS, which glibc allocates with the
+// program's malloc on a thread's first touch). So engine threads are known by their thread
+// pointer ([`thread_id`]): each registers itself here while it runs.
+
+const MAX_ENGINE_THREADS: usize = 64;
+static ENGINE_THREADS: [AtomicUsize; MAX_ENGINE_THREADS] = [const { AtomicUsize::new(0) }; MAX_ENGINE_THREADS];
+/// Slots below this may be in use.
+static ENGINE_THREADS_HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether the calling thread is one made by [`spawn`] (and still running its body).
+pub fn is_engine_thread() -> bool {
+    let me = thread_id();
+    let high = ENGINE_THREADS_HIGH.load(Acquire).min(MAX_ENGINE_THREADS);
+    ENGINE_THREADS[..high].iter().any(|t| t.load(Relaxed) == me)
+}
+
+/// Registers the calling thread as an engine thread until dropped.
+struct Registered(Option<usize>);
+
+impl Registered {
+    fn new() -> Registered {
+        let me = thread_id();
+        for (i, slot) in ENGINE_THREADS.iter().enumerate() {
+            if slot.compare_exchange(0, me, AcqRel, Relaxed).is_ok() {
+                ENGINE_THREADS_HIGH.fetch_max(i + 1, AcqRel);
+                return Registered(Some(i));
+            }
+        }
+        Registered(None)
+    }
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        if let Some(i) = self.0 {
+            ENGINE_THREADS[i].store(0, Release);
+        }
+    }
+}
+
+/// In a fork child: the parent's engine threads are not here. Async-signal-safe (stores).
+pub fn forget_engine_threads_after_fork() {
+    for slot in &ENGINE_THREADS {
+        slot.store(0, Relaxed);
+    }
+    ENGINE_THREADS_HIGH.store(0, Release);
 }
 
 /// The calling thread's thread pointer (`%fs:0`, glibc's self-pointer).
@@ -138,14 +204,17 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
         below: size,
         align: align.max(64),
         n: 0,
+        dynamic: 0,
         modules: [TlsModule::default(); MAX_MODULES],
     };
     extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: dl_iterate_phdr passes a valid info for the duration of the call, and `data`
         // is the `(tp, &mut TlsLayout)` pair below.
         let (info, (tp, l)) = unsafe { (&*info, &mut *(data as *mut (usize, &mut TlsLayout))) };
+        // The calling thread's block of the module: null for a dynamic module this thread has
+        // not touched yet.
         let block = info.dlpi_tls_data as usize;
-        if info.dlpi_tls_modid == 0 || block == 0 || block >= *tp || l.n == MAX_MODULES {
+        if info.dlpi_tls_modid == 0 || l.n == MAX_MODULES {
             return 0;
         }
         // SAFETY: dlpi_phdr points to dlpi_phnum program headers of the module.
@@ -153,10 +222,11 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
         if let Some(h) = phdrs.iter().find(|h| h.p_type == libc::PT_TLS) {
             l.modules[l.n] = TlsModule {
                 modid: info.dlpi_tls_modid,
-                offset: *tp - block,
+                offset: if block != 0 && block < *tp { *tp - block } else { 0 },
                 image: info.dlpi_addr as usize + h.p_vaddr as usize,
                 filesz: h.p_filesz as usize,
                 memsz: h.p_memsz as usize,
+                align: (h.p_align as usize).clamp(1, PAGE_SIZE).next_power_of_two(),
             };
             l.n += 1;
         }
@@ -165,29 +235,33 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
     let mut data = (tp, &mut l);
     // SAFETY: the callback only reads what dl_iterate_phdr hands it and writes `data`.
     unsafe { libc::dl_iterate_phdr(Some(each), &mut data as *mut _ as *mut libc::c_void) };
-    // Blocks below the thread pointer further than glibc's static size are dynamic (dlopen'd
-    // modules, allocated elsewhere): leave them to glibc (unallocated in our threads).
+    // Blocks below the thread pointer within glibc's static size are static; the others are
+    // dynamic (dlopen()ed modules, allocated elsewhere, or not yet in this thread): an engine
+    // thread gets its own copy of each, so that glibc never allocates one for it (through the
+    // program's malloc).
     let deepest = l.modules[..l.n].iter().map(|m| m.offset).max().unwrap_or(0);
     if l.below == 0 {
         l.below = deepest + (64 << 10);
     }
     let below = l.below;
-    let mut kept = 0;
-    for i in 0..l.n {
-        let m = l.modules[i];
-        if m.offset <= below && m.offset >= m.memsz {
-            l.modules[kept] = m;
-            kept += 1;
-        }
+    let all = l.n;
+    let is_static = |m: &TlsModule| m.offset != 0 && m.offset <= below && m.offset >= m.memsz;
+    let mut ordered = [TlsModule::default(); MAX_MODULES];
+    let mut k = 0;
+    for m in l.modules[..all].iter().filter(|m| is_static(m)) {
+        ordered[k] = *m;
+        k += 1;
     }
-    l.n = kept;
-    // Our own variables must be in static TLS, or touching them on an engine thread would make
-    // glibc allocate them (through the program's malloc): true unless this library was
-    // dlopen'ed.
-    let ours = crate::ENGINE_THREAD.with(|c| c as *const _ as usize);
-    if !(ours < tp && tp - ours <= below) {
-        return Err("zerofault's thread-local storage is not static (was the library dlopen'ed? load it with LD_PRELOAD or link it)");
+    l.n = k;
+    for m in l.modules[..all]
+        .iter()
+        .filter(|m| !is_static(m) && m.modid <= DTV_SLOTS)
+    {
+        ordered[k] = *m;
+        k += 1;
     }
+    l.dynamic = k - l.n;
+    l.modules = ordered;
     Ok(l)
 }
 
@@ -197,6 +271,7 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
         below: 0,
         align: 64,
         n: 0,
+        dynamic: 0,
         modules: [TlsModule::default(); MAX_MODULES],
     })
 }
@@ -235,6 +310,7 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
         )
     };
     let body = start.body;
+    let _me = Registered::new();
     // A panic must not unwind out of this C entry point; the body reports its own.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
     0
@@ -297,7 +373,8 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
     };
     let tls = layout.below.next_multiple_of(layout.align);
     let dtv_bytes = (DTV_SLOTS + 2) * 16;
-    let len = (PAGE_SIZE + STACK + tls + TCB + dtv_bytes + PAGE_SIZE).next_multiple_of(PAGE_SIZE);
+    let len =
+        (PAGE_SIZE + STACK + tls + TCB + dtv_bytes + PAGE_SIZE + layout.dynamic_bytes()).next_multiple_of(PAGE_SIZE);
     let block = mman::map_private(len, true)?;
     // The lowest page is the stack's guard.
     if let Err(e) = mman::protect(block, PAGE_SIZE, libc::PROT_NONE) {
@@ -307,19 +384,21 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
     let tp = (block + PAGE_SIZE + STACK + tls).next_multiple_of(layout.align);
     let dtv = tp + TCB;
     let tid = dtv + dtv_bytes;
+    // The dynamic modules' blocks, above the tid word.
+    let dynamic = (tid + 8).next_multiple_of(64);
     // SAFETY: [block, block + len) is our fresh zeroed read-write mapping (but its guard page);
-    // every write below lands inside it: module blocks end at tp (offset >= memsz), the DTV and
-    // the tid word are above the TCB.
+    // every write below lands inside it: static module blocks end at tp (offset >= memsz), the
+    // DTV and the tid word are above the TCB, the dynamic blocks above those (dynamic_bytes).
     unsafe {
         for m in &layout.modules[..layout.n] {
             std::ptr::copy_nonoverlapping(m.image as *const u8, (tp - m.offset) as *mut u8, m.filesz);
         }
         let slots = dtv as *mut [usize; 2];
         (*slots)[0] = DTV_SLOTS; // dtv[-1].counter: slots allocated
-                                 // dtv[0].counter: the TLS generation. The creating thread just touched thread-locals
-                                 // through __tls_get_addr, which brought its own vector up to date.
-        let creator_dtv = tcb_word(8) as *const usize;
-        (*slots.add(1))[0] = *creator_dtv;
+                                 // dtv[0].counter: the TLS generation this vector is up to date with. The highest there
+                                 // is: glibc's __tls_get_addr then never updates the vector (which would drop the
+                                 // blocks set below and allocate new ones with malloc); it finds every block here.
+        (*slots.add(1))[0] = usize::MAX;
         for i in 1..=DTV_SLOTS {
             (*slots.add(1 + i))[0] = DTV_UNALLOCATED;
         }
@@ -327,6 +406,14 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
             if m.modid <= DTV_SLOTS {
                 *slots.add(1 + m.modid) = [tp - m.offset, 0];
             }
+        }
+        let mut at = dynamic;
+        for m in &layout.modules[layout.n..layout.n + layout.dynamic] {
+            at = at.next_multiple_of(m.align);
+            std::ptr::copy_nonoverlapping(m.image as *const u8, at as *mut u8, m.filesz);
+            // [address, to_free]: nothing for glibc to free.
+            *slots.add(1 + m.modid) = [at, 0];
+            at += m.memsz;
         }
         let tcb = tp as *mut usize;
         *tcb = tp; // header.tcb
@@ -374,7 +461,10 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
     let _mask = Blocked::all();
     let h = std::thread::Builder::new()
         .name(String::from_utf8_lossy(&start.name).trim_end_matches('\0').to_string())
-        .spawn(start.body)?;
+        .spawn(move || {
+            let _me = Registered::new();
+            (start.body)()
+        })?;
     Ok(EngineThread {
         block: 0,
         len: 0,

@@ -1,0 +1,642 @@
+/* libzerofault.so: the front of the LD_PRELOAD shim.
+ *
+ * Loaded into every process started under the shim, most of which never make a large request
+ * (a build runs a thousand of them: make, sh, cc, git). Loading the whole shim (the Rust engine
+ * and its std, about 400 KiB of code and a thousand relocations) costs such a process about
+ * 0.15 ms here, a quarter of a `/bin/true`. This file is all that is loaded up front: the
+ * interposed symbols, each passing its call on to the next definition (glibc, or an allocator
+ * preloaded after us), until the first large request. That request dlopen()s the shim proper
+ * (libzerofault_shim.so, beside this file) and every call goes to it from then on.
+ *
+ * The shim is loaded at start instead (in this constructor, where loading is safe) when the
+ * process's malloc or mmap is not ours (an allocator preloaded before us, or linked into the
+ * program: loading from inside its mmap would have the dynamic loader allocate through it while
+ * it holds its own lock), and when a ZEROFAULT_ knob is set (a refused value is reported at
+ * start).
+ *
+ * The rules of the shim hold here too: nothing on a hook path calls the program's allocator
+ * for our own needs. While the shim is being loaded, and while a hook of the shim works on a
+ * program thread, the thread's `in_hook` flag is set; an allocation made then (by the dynamic
+ * loader, or by glibc inside a hook) comes from a small allocator of our own over raw mmap,
+ * and free / realloc / malloc_usable_size recognise its blocks by address, whoever calls them
+ * later. Nested mmap-family calls pass straight through.
+ *
+ * Keep it small and cheap to load: no relocation it does not need, nothing run at load but
+ * an environment scan and two symbol lookups. */
+
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <limits.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* malloc and mmap under names of our own (see their definitions). */
+__attribute__((visibility("hidden"))) void *front_malloc(size_t n);
+__attribute__((visibility("hidden"))) void *front_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off);
+
+/* Requests at least this large load the shim: the default of ZEROFAULT_PRELOAD_THRESHOLD
+ * (any knob set loads it at start, so the default is the only value that matters here). */
+#define ZF_FRONT_THRESHOLD ((size_t)2 << 20)
+/* The shim proper, in the directory this file was loaded from. */
+#define ZF_SHIM_NAME "libzerofault_shim.so"
+
+/* Shared with the shim (state.rs `Flags`, `FrontApi`). */
+struct zf_flags {
+    int in_hook;
+    int resolving;
+};
+struct zf_front_api {
+    uint32_t version;
+    uint32_t size;
+    struct zf_flags *(*flags)(void);
+    void *(*next)(const char *name);
+    int lock_future;
+};
+#define ZF_FRONT_VERSION 1
+
+static __thread struct zf_flags tls __attribute__((tls_model("initial-exec")));
+
+enum { IDLE, LOADING, READY, OFF };
+static int state; /* atomic */
+/* The process that may load the shim: the one that loaded this file, or a fork child (whose
+ * fork handler says so; the pid is read when needed, not on every fork of a shell). A vfork
+ * child runs no fork handler: its pid is not the owner's, and it never loads the shim (its
+ * memory is its parent's). */
+static int owner;
+static int owner_forked; /* atomic */
+static int lock_future;
+static char shim_path[PATH_MAX];
+
+static inline int load_state(void) { return __atomic_load_n(&state, __ATOMIC_ACQUIRE); }
+
+#if defined(__x86_64__) || defined(__i386__)
+#define cpu_relax() __builtin_ia32_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+/* A system call; -1 and errno on failure (glibc's syscall(2)). */
+static long raw(long n, long a, long b, long c, long d, long e, long f) { return syscall(n, a, b, c, d, e, f); }
+
+static void say(const char *a, const char *b, const char *c) {
+    const char *parts[] = {a, b, c, "\n"};
+    for (int i = 0; i < 4; i++)
+        if (parts[i]) {
+            ssize_t r = write(2, parts[i], strlen(parts[i]));
+            (void)r;
+        }
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Every signal blocked while held (a handler that allocates must not find our lock taken by
+ * the thread it interrupted). */
+
+static void block_all(uint64_t *old) {
+    uint64_t all = ~(uint64_t)0;
+    raw(SYS_rt_sigprocmask, SIG_SETMASK, (long)&all, (long)old, 8, 0, 0);
+}
+static void unblock(const uint64_t *old) { raw(SYS_rt_sigprocmask, SIG_SETMASK, (long)old, 0, 8, 0, 0); }
+
+/* ---------------------------------------------------------------------------------------- */
+/* Our own small allocator: power-of-two classes from 32 bytes to 64 KiB, carved from one
+ * reservation made on first use. Only the dynamic loader and glibc inside a hook use it: a few
+ * KiB per process. */
+
+#define PRIV_LEN ((size_t)8 << 20)
+#define PRIV_STEP ((size_t)64 << 10)
+#define PRIV_CLASSES 12 /* 32 .. 64 KiB */
+#define PRIV_HDR 16
+
+struct priv_hdr {
+    size_t total; /* bytes of the block, a class size or a page multiple */
+    size_t back;  /* from the block's start to the pointer handed out */
+};
+
+static uintptr_t priv_base; /* atomic: 0 until reserved */
+static size_t priv_mapped, priv_used;
+static void *priv_free_list[PRIV_CLASSES];
+static void *priv_big; /* freed blocks above 64 KiB: first fit, each starts with (total, next) */
+static int priv_lock;
+
+static inline int priv_owns(const void *p) {
+    uintptr_t b = __atomic_load_n(&priv_base, __ATOMIC_ACQUIRE);
+    return b && (uintptr_t)p - b < PRIV_LEN;
+}
+
+static void priv_take(uint64_t *mask) {
+    block_all(mask);
+    while (__atomic_exchange_n(&priv_lock, 1, __ATOMIC_ACQUIRE))
+        cpu_relax();
+}
+static void priv_give(const uint64_t *mask) {
+    __atomic_store_n(&priv_lock, 0, __ATOMIC_RELEASE);
+    unblock(mask);
+}
+
+/* `n` bytes of fresh (zero) memory from the reservation, under the lock. */
+static void *priv_carve(size_t n) {
+    if (!priv_base) {
+        long p = raw(SYS_mmap, 0, PRIV_LEN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        if (p == -1)
+            return NULL;
+        __atomic_store_n(&priv_base, (uintptr_t)p, __ATOMIC_RELEASE);
+    }
+    if (n > PRIV_LEN - priv_used)
+        return NULL;
+    while (priv_used + n > priv_mapped) {
+        if (raw(SYS_mprotect, (long)(priv_base + priv_mapped), PRIV_STEP, PROT_READ | PROT_WRITE, 0, 0, 0) != 0)
+            return NULL;
+        priv_mapped += PRIV_STEP;
+    }
+    void *p = (void *)(priv_base + priv_used);
+    priv_used += n;
+    return p;
+}
+
+static int priv_class(size_t total) {
+    int c = 0;
+    while (((size_t)32 << c) < total)
+        c++;
+    return c;
+}
+
+/* A block of at least `n` bytes aligned to `align` (a power of two). */
+static void *priv_alloc(size_t n, size_t align, int zero) {
+    if (align < 16)
+        align = 16;
+    if (n > PRIV_LEN || align > PRIV_LEN / 2)
+        return NULL;
+    size_t need = n + PRIV_HDR + (align > 16 ? align : 0);
+    void *block = NULL;
+    size_t total;
+    int fresh = 0;
+    uint64_t mask;
+    priv_take(&mask);
+    if (need <= ((size_t)32 << (PRIV_CLASSES - 1))) {
+        int c = priv_class(need);
+        total = (size_t)32 << c;
+        if ((block = priv_free_list[c]))
+            priv_free_list[c] = *(void **)block;
+        else
+            block = priv_carve(total), fresh = 1;
+    } else {
+        total = (need + 4095) & ~(size_t)4095;
+        void **link = &priv_big;
+        for (void *b = priv_big; b; link = (void **)((char *)b + 8), b = *link)
+            if (*(size_t *)b >= total) {
+                total = *(size_t *)b;
+                *link = *(void **)((char *)b + 8);
+                block = b;
+                break;
+            }
+        if (!block)
+            block = priv_carve(total), fresh = 1;
+    }
+    priv_give(&mask);
+    if (!block)
+        return NULL;
+    uintptr_t p = ((uintptr_t)block + PRIV_HDR + align - 1) & ~(uintptr_t)(align - 1);
+    struct priv_hdr *h = (struct priv_hdr *)(p - PRIV_HDR);
+    if (zero && !fresh)
+        memset(block, 0, total);
+    h->total = total;
+    h->back = p - (uintptr_t)block;
+    return (void *)p;
+}
+
+static size_t priv_usable(const void *p) {
+    const struct priv_hdr *h = (const struct priv_hdr *)((uintptr_t)p - PRIV_HDR);
+    return h->total - h->back;
+}
+
+static void priv_free(void *p) {
+    struct priv_hdr *h = (struct priv_hdr *)((uintptr_t)p - PRIV_HDR);
+    size_t total = h->total;
+    void *block = (char *)p - h->back;
+    uint64_t mask;
+    priv_take(&mask);
+    if (total <= ((size_t)32 << (PRIV_CLASSES - 1))) {
+        int c = priv_class(total);
+        *(void **)block = priv_free_list[c];
+        priv_free_list[c] = block;
+    } else {
+        *(size_t *)block = total;
+        *(void **)((char *)block + 8) = priv_big;
+        priv_big = block;
+    }
+    priv_give(&mask);
+}
+
+static void *priv_realloc(void *p, size_t n) {
+    if (!p)
+        return priv_alloc(n, 16, 0);
+    size_t have = priv_usable(p);
+    if (n <= have)
+        return p;
+    void *q = priv_alloc(n, 16, 0);
+    if (q) {
+        memcpy(q, p, have);
+        priv_free(p);
+    }
+    return q;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The next definition of each symbol (dlsym(RTLD_NEXT), on first use). */
+
+typedef void *(*malloc_fn)(size_t);
+typedef void *(*calloc_fn)(size_t, size_t);
+typedef void *(*realloc_fn)(void *, size_t);
+typedef void *(*reallocarray_fn)(void *, size_t, size_t);
+typedef void (*free_fn)(void *);
+typedef int (*posix_memalign_fn)(void **, size_t, size_t);
+typedef void *(*memalign_fn)(size_t, size_t);
+typedef size_t (*usable_fn)(void *);
+typedef void *(*mmap_fn)(void *, size_t, int, int, int, off_t);
+typedef void *(*mremap_fn)(void *, size_t, size_t, int, ...);
+typedef int (*madvise_fn)(void *, size_t, int);
+typedef int (*mlockall_fn)(int);
+typedef int (*munlockall_fn)(void);
+
+enum {
+    S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
+    S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
+    S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_COUNT
+};
+static const char *const names[S_COUNT] = {
+    "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
+    "memalign", "valloc", "pvalloc", "malloc_usable_size", "mmap", "mmap64", "mremap", "madvise",
+    "mlockall", "munlockall", "zerofault_map", "zerofault_unmap", "zerofault_active",
+    "zerofault_stats_json",
+};
+static void *nexts[S_COUNT]; /* atomic */
+static void *shim[S_COUNT];  /* the shim's definitions, set before state is READY */
+
+static void *next_sym(int s) {
+    void *f = __atomic_load_n(&nexts[s], __ATOMIC_ACQUIRE);
+    if (f)
+        return f;
+    tls.in_hook++;
+    f = dlsym(RTLD_NEXT, names[s]);
+    tls.in_hook--;
+    __atomic_store_n(&nexts[s], f, __ATOMIC_RELEASE);
+    return f;
+}
+#define NEXT(s, type) ((type)next_sym(S_##s))
+#define SHIM(s, type) ((type)shim[S_##s])
+
+/* ---------------------------------------------------------------------------------------- */
+/* Loading the shim */
+
+static struct zf_flags *front_flags(void) { return &tls; }
+
+static void *front_next(const char *name) {
+    for (int s = 0; s < S_COUNT; s++)
+        if (!strcmp(names[s], name))
+            return next_sym(s);
+    return dlsym(RTLD_NEXT, name);
+}
+
+static void find_shim(void);
+
+/* Loads the shim if nobody did: 1 when it is loaded. */
+static int load(void) {
+    int s = load_state();
+    if (s != IDLE)
+        return s == READY;
+    if (__atomic_exchange_n(&owner_forked, 0, __ATOMIC_ACQ_REL))
+        owner = getpid();
+    if (getpid() != owner)
+        return 0; /* a vfork child: the memory is its parent's */
+    if (!__atomic_compare_exchange_n(&state, &s, LOADING, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return s == READY;
+    uint64_t mask;
+    block_all(&mask);
+    int saved = errno;
+    tls.in_hook++;
+    if (!shim_path[0])
+        find_shim();
+    int ok = 0;
+    void *h = dlopen(shim_path, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
+    if (!h) {
+        const char *why = dlerror();
+        say("zerofault: cannot load the shim (", why ? why : shim_path, "); running without the engine");
+    } else {
+        ok = 1;
+        for (int i = 0; i < S_COUNT; i++)
+            if (!(shim[i] = dlsym(h, names[i])))
+                ok = 0;
+        int (*init)(const struct zf_front_api *) = (int (*)(const struct zf_front_api *))dlsym(h, "zerofault_shim_init");
+        struct zf_front_api api = {ZF_FRONT_VERSION, sizeof api, front_flags, front_next, lock_future};
+        if (!ok || !init || init(&api) != 0) {
+            ok = 0;
+            say("zerofault: ", shim_path, " is not the shim this front was built with; running without the engine");
+        }
+    }
+    tls.in_hook--;
+    errno = saved;
+    unblock(&mask);
+    __atomic_store_n(&state, ok ? READY : OFF, __ATOMIC_RELEASE);
+    return ok;
+}
+
+/* The shim, loaded now if this request is large. */
+static inline int shim_for(size_t n) {
+    int s = load_state();
+    if (s == READY)
+        return 1;
+    return n >= ZF_FRONT_THRESHOLD && s == IDLE && load();
+}
+
+static void fork_prepare(void) {
+    while (__atomic_exchange_n(&priv_lock, 1, __ATOMIC_ACQUIRE))
+        cpu_relax();
+}
+static void fork_parent(void) { __atomic_store_n(&priv_lock, 0, __ATOMIC_RELEASE); }
+static void fork_child(void) {
+    __atomic_store_n(&priv_lock, 0, __ATOMIC_RELEASE);
+    __atomic_store_n(&owner_forked, 1, __ATOMIC_RELEASE);
+}
+
+extern char **environ;
+
+/* Where the shim is: this file's directory. Found with dladdr when the shim is loaded; a path
+ * that is relative then would be taken from wherever the program has gone since, so when
+ * this file may have been found by a relative one it is made absolute in the constructor
+ * instead (dladdr costs a few microseconds there: not paid by every process). */
+static void find_shim(void) {
+    Dl_info info;
+    const char *me = dladdr((void *)find_shim, &info) && info.dli_fname ? info.dli_fname : "";
+    const char *slash = strrchr(me, '/');
+    size_t at = 0;
+    if (me[0] != '/' && getcwd(shim_path, sizeof shim_path - 1))
+        at = strlen(shim_path), shim_path[at++] = '/';
+    size_t dir = slash ? (size_t)(slash - me) + 1 : 0;
+    if (at + dir + sizeof ZF_SHIM_NAME <= sizeof shim_path) {
+        memcpy(shim_path + at, me, dir);
+        memcpy(shim_path + at + dir, ZF_SHIM_NAME, sizeof ZF_SHIM_NAME);
+    }
+}
+
+/* Whether a ':'- or ' '-separated path list holds an entry that is not absolute. */
+static int relative_entry(const char *list) {
+    for (const char *p = list; *p;) {
+        while (*p == ':' || *p == ' ')
+            p++;
+        if (*p && *p != '/')
+            return 1;
+        while (*p && *p != ':' && *p != ' ')
+            p++;
+    }
+    return 0;
+}
+
+__attribute__((constructor)) static void front_init(void) {
+    owner = getpid();
+    pthread_atfork(fork_prepare, fork_parent, fork_child);
+    int eager = dlsym(RTLD_DEFAULT, "malloc") != (void *)front_malloc || dlsym(RTLD_DEFAULT, "mmap") != (void *)front_mmap;
+    int relative = 0;
+    for (char **e = environ; e && *e; e++) {
+        const char *v = *e;
+        if (v[0] == 'Z' && !strncmp(v, "ZEROFAULT_", 10) && strncmp(v, "ZEROFAULT_REQUIRE_UFFD=", 23))
+            eager = 1;
+        else if (v[0] == 'L' && (!strncmp(v, "LD_PRELOAD=", 11) || !strncmp(v, "LD_LIBRARY_PATH=", 16)))
+            relative |= relative_entry(strchr(v, '=') + 1);
+    }
+    if (relative || eager)
+        find_shim();
+    if (eager)
+        load();
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The malloc family */
+
+/* malloc and mmap are defined under a name of our own too, which no other library can take:
+ * the constructor compares it with what the process's malloc and mmap are (the address of
+ * `malloc` itself, taken here, would be the process's, whoever defines it). */
+EXPORT void *malloc(size_t n) __attribute__((alias("front_malloc")));
+EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) __attribute__((alias("front_mmap")));
+
+void *front_malloc(size_t n) {
+    if (tls.in_hook)
+        return priv_alloc(n, 16, 0);
+    if (shim_for(n))
+        return SHIM(MALLOC, malloc_fn)(n);
+    return NEXT(MALLOC, malloc_fn)(n);
+}
+
+EXPORT void *calloc(size_t n, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (tls.in_hook)
+        return priv_alloc(total, 16, 1);
+    if (shim_for(total))
+        return SHIM(CALLOC, calloc_fn)(n, size);
+    return NEXT(CALLOC, calloc_fn)(n, size);
+}
+
+EXPORT void free(void *p) {
+    if (!p)
+        return;
+    if (priv_owns(p)) {
+        priv_free(p);
+        return;
+    }
+    if (!tls.in_hook && load_state() == READY) {
+        SHIM(FREE, free_fn)(p);
+        return;
+    }
+    NEXT(FREE, free_fn)(p);
+}
+
+EXPORT void *realloc(void *p, size_t n) {
+    if (priv_owns(p))
+        return priv_realloc(p, n);
+    if (tls.in_hook)
+        return p ? NEXT(REALLOC, realloc_fn)(p, n) : priv_alloc(n, 16, 0);
+    if (shim_for(n))
+        return SHIM(REALLOC, realloc_fn)(p, n);
+    return NEXT(REALLOC, realloc_fn)(p, n);
+}
+
+EXPORT void *reallocarray(void *p, size_t n, size_t size) {
+    size_t total;
+    if (__builtin_mul_overflow(n, size, &total)) {
+        errno = ENOMEM;
+        return NULL;
+    }
+    if (priv_owns(p) || tls.in_hook)
+        return realloc(p, total);
+    if (shim_for(total))
+        return SHIM(REALLOCARRAY, reallocarray_fn)(p, n, size);
+    return NEXT(REALLOCARRAY, reallocarray_fn)(p, n, size);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t n) {
+    if (tls.in_hook) {
+        if (align < sizeof(void *) || (align & (align - 1)))
+            return EINVAL;
+        void *p = priv_alloc(n, align, 0);
+        if (!p)
+            return ENOMEM;
+        *out = p;
+        return 0;
+    }
+    if (shim_for(n))
+        return SHIM(POSIX_MEMALIGN, posix_memalign_fn)(out, align, n);
+    return NEXT(POSIX_MEMALIGN, posix_memalign_fn)(out, align, n);
+}
+
+static void *aligned_call(int s, size_t align, size_t n) {
+    if (tls.in_hook) {
+        if (align & (align - 1)) {
+            errno = EINVAL;
+            return NULL;
+        }
+        return priv_alloc(n, align, 0);
+    }
+    if (shim_for(n))
+        return ((memalign_fn)shim[s])(align, n);
+    return ((memalign_fn)next_sym(s))(align, n);
+}
+
+EXPORT void *aligned_alloc(size_t align, size_t n) { return aligned_call(S_ALIGNED_ALLOC, align, n); }
+EXPORT void *memalign(size_t align, size_t n) { return aligned_call(S_MEMALIGN, align, n); }
+
+EXPORT void *valloc(size_t n) {
+    if (tls.in_hook)
+        return priv_alloc(n, 4096, 0);
+    if (shim_for(n))
+        return SHIM(VALLOC, malloc_fn)(n);
+    return NEXT(VALLOC, malloc_fn)(n);
+}
+
+EXPORT void *pvalloc(size_t n) {
+    if (tls.in_hook)
+        return priv_alloc((n + 4095) & ~(size_t)4095, 4096, 0);
+    if (shim_for(n))
+        return SHIM(PVALLOC, malloc_fn)(n);
+    return NEXT(PVALLOC, malloc_fn)(n);
+}
+
+EXPORT size_t malloc_usable_size(void *p) {
+    if (!p)
+        return 0;
+    if (priv_owns(p))
+        return priv_usable(p);
+    if (!tls.in_hook && load_state() == READY)
+        return SHIM(USABLE, usable_fn)(p);
+    return NEXT(USABLE, usable_fn)(p);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The program's memory calls */
+
+static inline int anon_private(int flags) {
+    return (flags & MAP_ANONYMOUS) && (flags & MAP_TYPE) == MAP_PRIVATE;
+}
+
+void *front_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+    if (!tls.in_hook && (load_state() == READY || (anon_private(flags) && shim_for(len))))
+        return SHIM(MMAP, mmap_fn)(addr, len, prot, flags, fd, off);
+    return NEXT(MMAP, mmap_fn)(addr, len, prot, flags, fd, off);
+}
+
+EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off) {
+    if (!tls.in_hook && (load_state() == READY || (anon_private(flags) && shim_for(len))))
+        return SHIM(MMAP64, mmap_fn)(addr, len, prot, flags, fd, off);
+    return NEXT(MMAP64, mmap_fn)(addr, len, prot, flags, fd, off);
+}
+
+/* Memory the shim does not serve yet stays unserved when moved or grown: only a loaded shim
+ * sees mremap. */
+EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...) {
+    va_list ap;
+    va_start(ap, flags);
+    void *new_addr = va_arg(ap, void *);
+    va_end(ap);
+    if (!tls.in_hook && load_state() == READY)
+        return ((void *(*)(void *, size_t, size_t, int, void *))shim[S_MREMAP])(old, old_len, new_len, flags, new_addr);
+    return NEXT(MREMAP, mremap_fn)(old, old_len, new_len, flags, new_addr);
+}
+
+EXPORT int madvise(void *addr, size_t len, int advice) {
+    if (!tls.in_hook && load_state() == READY)
+        return SHIM(MADVISE, madvise_fn)(addr, len, advice);
+    return NEXT(MADVISE, madvise_fn)(addr, len, advice);
+}
+
+/* MCL_FUTURE before the shim is loaded is remembered: the shim locks its new memory then. */
+EXPORT int mlockall(int flags) {
+    if (!tls.in_hook && load_state() == READY)
+        return SHIM(MLOCKALL, mlockall_fn)(flags);
+    int r = NEXT(MLOCKALL, mlockall_fn)(flags);
+    if (r == 0 && !tls.in_hook)
+        __atomic_store_n(&lock_future, (flags & MCL_FUTURE) != 0, __ATOMIC_RELAXED);
+    return r;
+}
+
+EXPORT int munlockall(void) {
+    if (!tls.in_hook && load_state() == READY)
+        return SHIM(MUNLOCKALL, munlockall_fn)();
+    int r = NEXT(MUNLOCKALL, munlockall_fn)();
+    if (r == 0 && !tls.in_hook)
+        __atomic_store_n(&lock_future, 0, __ATOMIC_RELAXED);
+    return r;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The C API (include/zerofault.h): asking for the engine loads the shim. */
+
+static int shim_now(void) {
+    while (load_state() == LOADING)
+        sched_yield();
+    return load();
+}
+
+EXPORT void *zerofault_map(size_t len) {
+    if (shim_now())
+        return ((void *(*)(size_t))shim[S_MAP])(len);
+    if (!len)
+        return NULL;
+    void *p = (void *)raw(SYS_mmap, 0, (long)len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+EXPORT int zerofault_unmap(void *p, size_t len) {
+    return (int)raw(SYS_munmap, (long)p, (long)((len + 4095) & ~(size_t)4095), 0, 0, 0, 0);
+}
+
+EXPORT int zerofault_active(void) {
+    return load_state() == READY ? ((int (*)(void))shim[S_ACTIVE])() : 0;
+}
+
+EXPORT size_t zerofault_stats_json(char *buf, size_t cap) {
+    if (shim_now())
+        return ((size_t(*)(char *, size_t))shim[S_STATS])(buf, cap);
+    static const char none[] = "{}";
+    size_t len = sizeof none - 1;
+    if (buf && cap) {
+        size_t n = len < cap - 1 ? len : cap - 1;
+        memcpy(buf, none, n);
+        buf[n] = 0;
+    }
+    return len;
+}
