@@ -303,11 +303,13 @@ static void *next_sym(int s) {
 
 static struct zf_flags *front_flags(void) { return &tls; }
 
+/* The next definition after the front of one of the symbols above (the shim, last in the search
+ * order, would find the wrong one with its own RTLD_NEXT); NULL for any other name. */
 static void *front_next(const char *name) {
     for (int s = 0; s < S_COUNT; s++)
         if (!strcmp(names[s], name))
             return next_sym(s);
-    return dlsym(RTLD_NEXT, name);
+    return NULL;
 }
 
 static void find_shim(void);
