@@ -55,7 +55,7 @@ static LOCK_FUTURE: AtomicBool = AtomicBool::new(false);
 #[repr(C)]
 #[derive(Default)]
 pub struct Flags {
-    /// Inside a hook (or the constructor): nested calls pass straight through.
+    /// Inside a hook (or zerofault_shim_init): nested calls pass straight through.
     pub in_hook: Cell<i32>,
     /// Inside [`crate::next::resolve`].
     pub resolving: Cell<i32>,
