@@ -34,26 +34,8 @@
 //! stream when it lands in the window that stream would install next: `[next, next + 2^order)`,
 //! so strided writers whose stride is under the window count as sequential.
 //!
-//! ## Random access goes back to the kernel
-//! [`MissRun`] counts unpredicted faults in a row in one region (any hit resets it, the first
-//! fault of a thread is neutral) and remembers the lowest and highest page they fell on. After
-//! `handback_misses` in a row it returns that span: the handler unregisters it, so the kernel
-//! serves those pages natively (the uffd round trip is ten times a native fault; serving sparse
-//! faults with windows only inflates memory). The rule is the `mmap_miss` idea of
-//! mm/filemap.c, at region granularity; the span is where the misses were, widened to whole
-//! PMDs ([`handback_span`]), so a random part of a big arena goes back while a sequential part
-//! elsewhere keeps its windows. Misses that spread over half the region or more hand back the
-//! whole region at once: spans of random misses otherwise took four hand-backs (and four runs
-//! of misses) to cover a region.
-//!
-//! Measured (`zerofault bench --gb 1 --mode native,engine --pattern random --touch 0.05`, one
-//! thread touching 13,107 random pages): 9 fault events reach the handler, one hand-back, then
-//! the kernel serves the rest; over 15 reps the engine's median wall was 0.94-0.97x native's
-//! (the machine's own spread, 25-45 ms for the same native run, is far wider than the
-//! engine's ~0.2 ms of round trips). Thresholds 1, 2, 4, 8, 16 measured 1.39, 1.07, 0.86,
-//! 0.98, 1.04x native (7 reps each, before the whole-region rule): 1 pays a hand-back and a VMA
-//! split per miss, the rest are within noise. 8 leaves a sequential writer room to stumble (a
-//! stride change, another thread's window landing in its way) without losing its region.
+
+use crate::page::PMD_PAGES;
 
 /// Streams tracked per thread and region.
 pub const STREAMS: usize = 4;
@@ -175,59 +157,6 @@ impl Predictor {
     }
 }
 
-/// Unpredicted faults in a row in one region, and where they fell.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MissRun {
-    count: u64,
-    lo: u64,
-    hi: u64,
-}
-
-impl MissRun {
-    /// Records one fault's outcome on `page`. After `limit` misses in a row (limit 0: never)
-    /// returns the pages `[lo, hi]` they spanned, inclusive, and starts counting afresh.
-    pub fn record(&mut self, outcome: Outcome, page: u64, limit: u64) -> Option<(u64, u64)> {
-        match outcome {
-            Outcome::Hit => self.count = 0,
-            Outcome::Start => {}
-            Outcome::Miss => {
-                if self.count == 0 {
-                    (self.lo, self.hi) = (page, page);
-                }
-                self.count += 1;
-                self.lo = self.lo.min(page);
-                self.hi = self.hi.max(page);
-                if limit > 0 && self.count >= limit {
-                    self.count = 0;
-                    return Some((self.lo, self.hi));
-                }
-            }
-        }
-        None
-    }
-}
-
-/// Pages per PMD (2 MiB): hand-backs are whole PMDs, so that the kernel may put huge pages
-/// there and the VMA splits stay few.
-pub const PMD_PAGES: u64 = 512;
-
-/// The pages `[first, end)` to hand back for misses that spanned pages `[lo, hi]` of a range of
-/// `pages` pages whose first page is `phase` pages into a PMD: widened to whole PMDs of the
-/// address space (a hand-back splits the program's VMA there, and a split on a PMD boundary is
-/// one a huge page would make anyway), and to the whole range when they spanned half of it or
-/// more (misses spread over a whole region mean the region is random: handing back a part
-/// would only make the next misses fall outside it).
-pub fn handback_span(lo: u64, hi: u64, pages: u64, phase: u64) -> (u64, u64) {
-    if (hi - lo + 1) * 2 >= pages {
-        return (0, pages);
-    }
-    let phase = phase % PMD_PAGES;
-    (
-        ((lo + phase) / PMD_PAGES * PMD_PAGES).saturating_sub(phase),
-        (((hi + phase) / PMD_PAGES + 1) * PMD_PAGES - phase).min(pages),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -339,53 +268,6 @@ mod tests {
         assert_eq!(p.on_fault(next[0], 1 << 30, &T).outcome, Outcome::Miss);
         next[0] = 0;
         assert_eq!(p.on_fault(next[STREAMS], 1 << 30, &T).outcome, Outcome::Hit);
-    }
-
-    #[test]
-    fn miss_run_hands_back_the_span_after_limit_misses_in_a_row() {
-        let mut r = MissRun::default();
-        assert_eq!(r.record(Outcome::Start, 50, 3), None);
-        assert_eq!(r.record(Outcome::Miss, 70, 3), None);
-        assert_eq!(r.record(Outcome::Miss, 20, 3), None);
-        assert_eq!(r.record(Outcome::Hit, 21, 3), None); // a hit resets the run
-        assert_eq!(r.record(Outcome::Miss, 900, 3), None);
-        assert_eq!(r.record(Outcome::Start, 10, 3), None); // neutral
-        assert_eq!(r.record(Outcome::Miss, 300, 3), None);
-        assert_eq!(r.record(Outcome::Miss, 500, 3), Some((300, 900)));
-        assert_eq!(r.record(Outcome::Miss, 1, 3), None); // counting starts afresh
-        assert_eq!(r.record(Outcome::Miss, 1, 0), None);
-    }
-
-    #[test]
-    fn handback_spans_are_whole_pmds_or_the_whole_range() {
-        assert_eq!(handback_span(600, 700, 10_000, 0), (512, 1024));
-        assert_eq!(handback_span(0, 0, 10_000, 0), (0, 512));
-        assert_eq!(handback_span(9_990, 9_995, 10_000, 0), (9_728, 10_000));
-        assert_eq!(handback_span(1_000, 6_000, 10_000, 0), (0, 10_000));
-        assert_eq!(handback_span(3, 5, 8, 0), (0, 8));
-        // A range that starts 256 pages into a PMD: spans end on the address space's PMDs.
-        assert_eq!(handback_span(600, 700, 10_000, 256), (256, 768));
-        assert_eq!(handback_span(100, 200, 10_000, 256), (0, 256));
-        assert_eq!(handback_span(600, 700, 10_000, 512 + 256), (256, 768), "modulo a PMD");
-    }
-
-    #[test]
-    fn random_faults_trip_the_miss_run_quickly() {
-        // A pseudo-random single-thread walk over a region: misses every time after the start.
-        let mut p = Predictor::new();
-        let mut r = MissRun::default();
-        let mut x: u64 = 12345;
-        let mut tripped_at = None;
-        for i in 0..100 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let page = (x >> 33) % 262_144;
-            let w = p.on_fault(page, 262_144, &T);
-            if r.record(w.outcome, page, 8).is_some() {
-                tripped_at = Some(i);
-                break;
-            }
-        }
-        assert_eq!(tripped_at, Some(8));
     }
 
     #[test]

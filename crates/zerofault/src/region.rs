@@ -12,9 +12,10 @@
 //! *applied* it. Every range carries the table's sequence number at its registration, and an
 //! event applies only to ranges registered before the handler read it.
 
+use crate::handback::MissRun;
 use crate::pagemap::PageMap;
-use crate::predict::MissRun;
 use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use crate::thp::PmdMap;
 use crate::Shared;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -24,32 +25,23 @@ use std::sync::{Arc, Mutex, RwLock};
 #[derive(Debug)]
 pub struct Range {
     /// Unique for the engine's life; keys the handler's per-thread predictors.
-    pub id: u64,
+    pub(crate) id: u64,
     /// Table sequence number at registration.
-    pub seq: u64,
-    pub start: usize,
-    pub pages: u64,
-    pub map: PageMap,
-    /// One bit per PMD (2 MiB) the range overlaps, index [`Range::pmd_of`]: set once 4 KiB
-    /// pages were installed there (or a REMOVE cut through it, or the kernel moved the pages
-    /// in), because that PMD may now hold a page table. A huge page is moved only into a PMD
-    /// whose bit is clear: into a page table it would be split (~1 ms). Never cleared: kernels
-    /// with CONFIG_PT_RECLAIM free an emptied table on MADV_DONTNEED, older ones keep it, and
-    /// user space cannot tell which happened.
-    pub tables: PageMap,
-    /// One bit per PMD, like `tables`: set where the program asked for transparent huge pages
-    /// (`MADV_HUGEPAGE`, or THP `always`). There the kernel tries a huge page at each fault
-    /// before it asks us, with the PMD still empty, so a whole PMD around the fault can take a
-    /// huge page, as the kernel's own fault would give it.
-    pub huge: PageMap,
+    pub(crate) seq: u64,
+    pub(crate) start: usize,
+    pub(crate) pages: u64,
+    pub(crate) map: PageMap,
+    /// Which of its PMDs may hold page tables, and which the program wants huge pages in
+    /// ([`PmdMap`]).
+    pub(crate) pmds: PmdMap,
     /// The Region that maps and unmaps this memory, if any.
-    pub owner: Option<u64>,
+    pub(crate) owner: Option<u64>,
     /// Unpredicted faults in a row (for hand-back).
-    pub misses: Mutex<MissRun>,
+    pub(crate) misses: Mutex<MissRun>,
     /// Spans handed back from this range or the range it was cut from: after one, a range whose
     /// faults miss again goes back to the kernel whole (its access is sparse throughout, a
     /// strided touch of a huge reservation, say).
-    pub handbacks: AtomicU32,
+    pub(crate) handbacks: AtomicU32,
 }
 
 impl Range {
@@ -66,45 +58,12 @@ impl Range {
         self.start + page as usize * PAGE_SIZE
     }
 
-    /// Index of the PMD holding `addr` among the PMDs the range overlaps.
-    pub fn pmd_of(&self, addr: usize) -> u64 {
-        (addr / PMD_SIZE - self.start / PMD_SIZE) as u64
-    }
-
-    /// Notes that 4 KiB pages went into `[addr, addr + len)`: its PMDs may hold page tables.
-    pub fn mark_tables(&self, addr: usize, len: usize) {
-        if len > 0 {
-            let (a, b) = (self.pmd_of(addr), self.pmd_of(addr + len - 1));
-            self.tables.set(a, b - a + 1);
-        }
-    }
-
-    /// Whether a huge page may be moved into the PMD at `addr` (see [`Range::tables`]).
-    pub fn pmd_is_clear(&self, addr: usize) -> bool {
-        !self.tables.is_claimed(self.pmd_of(addr))
-    }
-
-    /// The part of `tables` for a piece of this range starting at `start` of `pages` pages.
-    fn tables_of(&self, start: usize, pages: u64) -> PageMap {
-        self.tables.slice(self.pmd_of(start), pmds(start, pages))
-    }
-
-    /// Likewise for `huge`.
-    fn huge_of(&self, start: usize, pages: u64) -> PageMap {
-        self.huge.slice(self.pmd_of(start), pmds(start, pages))
-    }
-
     /// Sets or clears the `huge` bits of the PMDs inside both the range and `[addr, end)`.
     pub fn set_huge(&self, addr: usize, end: usize, on: bool) {
         let a = addr.max(self.start).next_multiple_of(PMD_SIZE);
         let b = end.min(self.end()) / PMD_SIZE * PMD_SIZE;
         if a < b {
-            let (first, n) = (self.pmd_of(a), ((b - a) / PMD_SIZE) as u64);
-            if on {
-                self.huge.set(first, n);
-            } else {
-                self.huge.clear(first, n);
-            }
+            self.pmds.set_huge(a, b, on);
         }
     }
 
@@ -112,14 +71,8 @@ impl Range {
     /// wants huge pages and lies wholly inside the range.
     pub fn huge_fault(&self, addr: usize) -> bool {
         let pmd = addr / PMD_SIZE * PMD_SIZE;
-        pmd >= self.start && pmd + PMD_SIZE <= self.end() && self.huge.is_claimed(self.pmd_of(addr))
+        pmd >= self.start && pmd + PMD_SIZE <= self.end() && self.pmds.wants_huge(addr)
     }
-}
-
-/// PMDs overlapped by `pages` pages from `start`.
-fn pmds(start: usize, pages: u64) -> u64 {
-    let end = start + (pages as usize).max(1) * PAGE_SIZE;
-    ((end - 1) / PMD_SIZE - start / PMD_SIZE + 1) as u64
 }
 
 #[derive(Debug, Default)]
@@ -130,14 +83,7 @@ struct Table {
 }
 
 impl Table {
-    fn new_range(
-        &mut self,
-        start: usize,
-        map: PageMap,
-        tables: PageMap,
-        huge: PageMap,
-        owner: Option<u64>,
-    ) -> Arc<Range> {
+    fn new_range(&mut self, start: usize, map: PageMap, pmds: PmdMap, owner: Option<u64>) -> Arc<Range> {
         self.next_id += 1;
         self.seq += 1;
         let r = Arc::new(Range {
@@ -146,8 +92,7 @@ impl Table {
             start,
             pages: map.pages(),
             map,
-            tables,
-            huge,
+            pmds,
             owner,
             misses: Mutex::default(),
             handbacks: AtomicU32::new(0),
@@ -184,23 +129,12 @@ impl Table {
             cleared += r.map.count_range(lo, hi - lo);
             let inherit = |p: Arc<Range>| p.handbacks.store(r.handbacks.load(Relaxed), Relaxed);
             if lo > 0 {
-                inherit(self.new_range(
-                    r.start,
-                    r.map.slice(0, lo),
-                    r.tables_of(r.start, lo),
-                    r.huge_of(r.start, lo),
-                    r.owner,
-                ));
+                inherit(self.new_range(r.start, r.map.slice(0, lo), r.pmds.slice(r.start, lo), r.owner));
             }
             if hi < r.pages {
                 let at = r.addr_of(hi);
-                inherit(self.new_range(
-                    at,
-                    r.map.slice(hi, r.pages - hi),
-                    r.tables_of(at, r.pages - hi),
-                    r.huge_of(at, r.pages - hi),
-                    r.owner,
-                ));
+                let n = r.pages - hi;
+                inherit(self.new_range(at, r.map.slice(hi, n), r.pmds.slice(at, n), r.owner));
             }
             cut.push((r, lo, hi - lo));
         }
@@ -244,8 +178,7 @@ impl RangeTable {
     pub fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
         let mut t = self.write();
         t.cut(start, start + pages as usize * PAGE_SIZE, None);
-        let n = pmds(start, pages);
-        t.new_range(start, PageMap::new(pages), PageMap::new(n), PageMap::new(n), owner)
+        t.new_range(start, PageMap::new(pages), PmdMap::new(start, pages), owner)
     }
 
     /// UFFD_EVENT_REMOVE: the kernel dropped the pages of `[start, end)`. Returns page states
@@ -258,10 +191,10 @@ impl RangeTable {
             .map(|r| {
                 let (a, b) = (start.max(r.start), end.min(r.end()));
                 if a % PMD_SIZE != 0 {
-                    r.mark_tables(a, PAGE_SIZE);
+                    r.pmds.mark_tables(a, PAGE_SIZE);
                 }
                 if b % PMD_SIZE != 0 {
-                    r.mark_tables(b - PAGE_SIZE, PAGE_SIZE);
+                    r.pmds.mark_tables(b - PAGE_SIZE, PAGE_SIZE);
                 }
                 let (lo, hi) = (r.page_of(a), r.page_of(b));
                 r.map.clear(lo, hi - lo)
@@ -294,12 +227,10 @@ impl RangeTable {
         t.cut(to, to + len, None);
         for (r, first, pages) in pieces {
             let dst = to + (r.addr_of(first) - from);
-            // The kernel moved page tables and huge pages as it saw fit: assume tables anywhere.
-            let tables = PageMap::new(pmds(dst, pages));
-            tables.set(0, tables.pages());
-            // Huge-page advice moves with the mapping (the VMA's flags go along).
-            let huge = r.huge_of(r.addr_of(first), pages);
-            t.new_range(dst, r.map.slice(first, pages), tables, huge, None);
+            // The kernel moved page tables and huge pages as it saw fit: tables are assumed
+            // anywhere. Huge-page advice moves with the mapping (the VMA's flags go along).
+            let pmds = r.pmds.moved(r.addr_of(first), pages, dst);
+            t.new_range(dst, r.map.slice(first, pages), pmds, None);
         }
     }
 
@@ -438,7 +369,9 @@ mod tests {
     fn tables_at(t: &RangeTable, start: usize) -> Vec<bool> {
         let r = t.find(start).unwrap();
         assert_eq!(r.start, start);
-        (0..r.tables.pages()).map(|i| r.tables.is_claimed(i)).collect()
+        (0..r.pmds.len() as usize)
+            .map(|i| r.pmds.has_table((start / PMD_SIZE + i) * PMD_SIZE))
+            .collect()
     }
 
     #[test]
@@ -448,9 +381,9 @@ mod tests {
         let base = 64 * PMD_SIZE;
         let start = base + PAGE_SIZE;
         let r = t.insert(start, 5 * P, None);
-        assert_eq!(r.tables.pages(), 6);
-        assert!(r.pmd_is_clear(base + 3 * PMD_SIZE));
-        r.mark_tables(base + 3 * PMD_SIZE - PAGE_SIZE, 2 * PAGE_SIZE); // straddles PMDs 2 and 3
+        assert_eq!(r.pmds.len(), 6);
+        assert!(!r.pmds.has_table(base + 3 * PMD_SIZE));
+        r.pmds.mark_tables(base + 3 * PMD_SIZE - PAGE_SIZE, 2 * PAGE_SIZE); // straddles PMDs 2 and 3
         assert_eq!(tables_at(&t, start), [false, false, true, true, false, false]);
 
         // A REMOVE of whole PMD 1 sets nothing; one ending inside PMD 4 sets PMD 4.
@@ -475,7 +408,7 @@ mod tests {
     fn metadata(t: &RangeTable) -> usize {
         t.ranges()
             .iter()
-            .map(|r| r.map.metadata_bytes() + r.tables.metadata_bytes())
+            .map(|r| r.map.metadata_bytes() + r.pmds.metadata_bytes())
             .sum()
     }
 
@@ -491,11 +424,11 @@ mod tests {
         // 1 GiB touched 4 GiB in, a few pages at both ends.
         let (touched, touched_pages) = (start + 4 * GIB, (GIB / PAGE_SIZE) as u64);
         r.map.set(r.page_of(touched), touched_pages);
-        r.mark_tables(touched, GIB);
+        r.pmds.mark_tables(touched, GIB);
         r.map.set(0, 10);
-        r.mark_tables(start, 10 * PAGE_SIZE);
+        r.pmds.mark_tables(start, 10 * PAGE_SIZE);
         r.map.set(pages - 7, 7);
-        r.mark_tables(end - 7 * PAGE_SIZE, 7 * PAGE_SIZE);
+        r.pmds.mark_tables(end - 7 * PAGE_SIZE, 7 * PAGE_SIZE);
         assert_eq!(r.map.count(), touched_pages + 17);
         let meta = metadata(&t);
         assert!(meta < 2 << 20, "{meta} bytes for 16 TiB with 1 GiB touched");
@@ -516,10 +449,10 @@ mod tests {
             head.map.is_claimed(head.page_of(cut_lo - PAGE_SIZE)) && !head.map.is_claimed(head.page_of(touched) - 1)
         );
         assert!(tail.map.is_claimed(tail.pages - 7) && !tail.map.is_claimed(tail.pages - 8));
-        assert!(!head.pmd_is_clear(start) && head.pmd_is_clear(start + PMD_SIZE));
-        assert!(!head.pmd_is_clear(touched) && head.pmd_is_clear(touched - PMD_SIZE));
-        assert!(!tail.pmd_is_clear(end - PAGE_SIZE) && tail.pmd_is_clear(end - PMD_SIZE - PAGE_SIZE));
-        assert_eq!(tail.tables.count(), 1);
+        assert!(head.pmds.has_table(start) && !head.pmds.has_table(start + PMD_SIZE));
+        assert!(head.pmds.has_table(touched) && !head.pmds.has_table(touched - PMD_SIZE));
+        assert!(tail.pmds.has_table(end - PAGE_SIZE) && !tail.pmds.has_table(end - PMD_SIZE - PAGE_SIZE));
+        assert_eq!(tail.pmds.tables_count(), 1);
         drop((head, tail));
 
         // mremap of 512 MiB holding a quarter of the touched GiB elsewhere: its bits go with it.
@@ -530,7 +463,7 @@ mod tests {
         assert_eq!(moved.map.count(), touched_pages / 4);
         assert!(moved.map.is_claimed(moved.page_of(to + GIB / 4)));
         assert!(!moved.map.is_claimed(moved.page_of(to + GIB / 4) - 1));
-        assert_eq!(moved.tables.count(), moved.tables.pages(), "tables assumed anywhere");
+        assert_eq!(moved.pmds.tables_count(), moved.pmds.len(), "tables assumed anywhere");
         let head = t.find(start).unwrap();
         assert_eq!((head.end(), head.map.count()), (from, 10));
         let between = t.find(from + len).unwrap();

@@ -75,7 +75,9 @@ pub(crate) fn run(shared: Arc<Shared>) {
         }
         // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
         // round, or before any handler noticed).
-        if !shared.active.load(Acquire) || shared.pool_paused.load(Acquire) || !(requested || pool.available() < start)
+        if !shared.streaming.load(Acquire)
+            || shared.pool_paused.load(Acquire)
+            || !(requested || pool.available() < start)
         {
             continue;
         }

@@ -12,10 +12,7 @@ use super::raw;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-/// The base page size this engine serves. x86-64 and arm64 (4K kernels) only, checked at start.
-pub const PAGE_SIZE: usize = 4096;
-/// A PMD: the span of one page table, and the size of a transparent huge page.
-pub const PMD_SIZE: usize = 2 << 20;
+pub use crate::page::{PAGE_SIZE, PMD_SIZE};
 
 /// Where the engine asks for its own mappings: an address-space zone far from where the kernel
 /// places a program's mappings (top-down from below the stack) and its heap. A program that

@@ -99,7 +99,7 @@ pub struct Progress {
     /// Bytes installed (and woken, unless DONTWAKE) from the start of the range.
     pub done: usize,
     /// `None` when the whole range was installed; otherwise the errno it stopped with.
-    pub errno: Option<i32>,
+    pub errno: Option<Errno>,
 }
 
 /// One message read from the userfaultfd.
@@ -458,22 +458,33 @@ impl Uffd {
         // registered with this descriptor and that src is readable (COPY) or movable (MOVE);
         // MOVE takes the source pages away from `src`, which callers own (the pool).
         let r = unsafe { ioctl(self.raw_fd(), req, &mut t as *mut UffdioTransfer as usize) };
-        progress(len, t.result, r.err().map(|e| e.0))
+        progress(len, t.result, r.err())
     }
 
     /// UFFDIO_COPY `len` bytes from `src` into the missing pages at `dst`.
-    pub fn copy(&self, dst: usize, src: usize, len: usize) -> Progress {
+    ///
+    /// # Safety
+    /// `src` must be readable for `len` bytes, and its bytes must be what the program may see
+    /// at `dst`: the pages appear there as if the program had written them.
+    pub unsafe fn copy(&self, dst: usize, src: usize, len: usize) -> Progress {
         self.transfer(UFFDIO_COPY, dst, src, len, 0)
     }
 
     /// UFFDIO_MOVE the pages at `src` (exclusive anonymous pages of this process) to `dst`.
     /// Zero-copy: the page frames change owner, no byte is written.
-    pub fn move_pages(&self, dst: usize, src: usize, len: usize) -> Progress {
+    ///
+    /// # Safety
+    /// The caller owns `[src, src + len)`: no one reads or writes it while the move runs, and
+    /// it reads as missing afterwards. Its bytes must be what the program may see at `dst`.
+    pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> Progress {
         self.transfer(UFFDIO_MOVE, dst, src, len, 0)
     }
 
     /// [`Uffd::move_pages`] with `UFFDIO_MOVE_MODE_*` bits (see [`MOVE_ALLOW_SRC_HOLES`]).
-    pub fn move_pages_mode(&self, dst: usize, src: usize, len: usize, mode: u64) -> Progress {
+    ///
+    /// # Safety
+    /// As [`Uffd::move_pages`].
+    pub unsafe fn move_pages_mode(&self, dst: usize, src: usize, len: usize, mode: u64) -> Progress {
         self.transfer(UFFDIO_MOVE, dst, src, len, mode)
     }
 
@@ -489,7 +500,7 @@ impl Uffd {
         };
         // SAFETY: UFFDIO_ZEROPAGE reads and writes a `struct uffdio_zeropage`, which `z` is.
         let r = unsafe { ioctl(self.raw_fd(), UFFDIO_ZEROPAGE, &mut z as *mut UffdioZeropage as usize) };
-        progress(len, z.result, r.err().map(|e| e.0))
+        progress(len, z.result, r.err())
     }
 
     /// Reads as many pending messages as fit in `buf` without blocking. Returns 0 when none is
@@ -533,7 +544,7 @@ impl Uffd {
 
 /// Folds an ioctl's return code and its result field into a [`Progress`]. The result field holds
 /// the bytes done, or a negative errno when nothing was done.
-fn progress(len: usize, result: i64, err: Option<i32>) -> Progress {
+fn progress(len: usize, result: i64, err: Option<Errno>) -> Progress {
     match err {
         None => Progress { done: len, errno: None },
         Some(e) => Progress {
@@ -605,17 +616,17 @@ mod tests {
             }
         );
         assert_eq!(
-            progress(8192, 4096, Some(libc::EAGAIN)),
+            progress(8192, 4096, Some(Errno(libc::EAGAIN))),
             Progress {
                 done: 4096,
-                errno: Some(libc::EAGAIN)
+                errno: Some(Errno(libc::EAGAIN))
             }
         );
         assert_eq!(
-            progress(8192, -17, Some(libc::EEXIST)),
+            progress(8192, -17, Some(Errno(libc::EEXIST))),
             Progress {
                 done: 0,
-                errno: Some(libc::EEXIST)
+                errno: Some(Errno(libc::EEXIST))
             }
         );
     }

@@ -1,0 +1,574 @@
+//! The engine: its userfaultfd, its threads, the state they share, and failing open.
+//!
+//! [`Engine`] owns the handler thread ([`crate::fault`]) and the scrub thread
+//! ([`crate::scrub`]); [`Shared`] is what they and every [`Region`] hold. Failing open
+//! ([`Shared::fail_open`]) closes the userfaultfd: the kernel wakes every blocked fault and
+//! serves all later ones. After a fork the child's copy is closed and forgotten
+//! ([`Engine::forget_after_fork`]).
+
+use crate::options::{OptionError, Options};
+use crate::pool::Pool;
+use crate::region::RangeTable;
+use crate::region::Region;
+use crate::scrub::ScrubCtl;
+use crate::stats::Snapshot;
+use crate::stats::{Stats, StatsHome};
+use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use crate::sys::raw::Errno;
+use crate::sys::thread::EngineThread;
+use crate::sys::uffd::Uffd;
+use crate::sys::uffd::{Features, UffdError};
+use crate::zero::ZeroSource;
+use crate::{fault, scrub, sys};
+use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+/// Why the engine could not start or could not serve a request.
+#[derive(Debug)]
+pub enum EngineError {
+    /// A knob had a bad value (the message names it and what it accepts).
+    Options(OptionError),
+    /// No userfaultfd could be opened.
+    Uffd(UffdError),
+    /// The system page size is not the 4 KiB the engine serves.
+    PageSize(usize),
+    /// Mapping memory failed.
+    Map(io::Error),
+    /// Registering a range with the userfaultfd failed.
+    Register(io::Error),
+    /// Starting the handler or scrub thread failed.
+    Thread(io::Error),
+    /// An address or length was not page aligned.
+    Unaligned { addr: usize, len: usize },
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::Options(e) => write!(f, "{e}"),
+            EngineError::Uffd(e) => write!(f, "{e}"),
+            EngineError::PageSize(p) => write!(f, "the page size is {p} bytes; zerofault serves 4096-byte pages"),
+            EngineError::Map(e) => write!(f, "failed to map memory: {e}"),
+            EngineError::Register(e) => write!(f, "failed to register memory with the userfaultfd: {e}"),
+            EngineError::Thread(e) => write!(f, "failed to start an engine thread: {e}"),
+            EngineError::Unaligned { addr, len } => {
+                write!(f, "range {addr:#x}+{len:#x} is not page aligned (4096 bytes)")
+            }
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<OptionError> for EngineError {
+    fn from(e: OptionError) -> Self {
+        EngineError::Options(e)
+    }
+}
+
+/// State shared by the engine handle, its threads and its regions.
+#[derive(Debug)]
+pub struct Shared {
+    pub(crate) opts: Options,
+    /// `None` once the engine failed open or was dropped: the kernel serves every fault.
+    pub(crate) uffd: RwLock<Option<Uffd>>,
+    pub(crate) features: Features,
+    pub(crate) ranges: RangeTable,
+    pub(crate) pool: Option<Pool>,
+    /// One 2 MiB `MADV_HUGEPAGE` area where the handler prepares a huge page when the huge ring
+    /// is empty. `Some` exactly when whole PMDs get huge pages.
+    pub(crate) stage: Option<mman::Mapping>,
+    pub(crate) zero: ZeroSource,
+    pub(crate) stats: StatsHome,
+    pub(crate) scrub: ScrubCtl,
+    /// Set by Engine::drop before it wakes the threads.
+    pub(crate) stopping: AtomicBool,
+    /// Set when the engine failed open.
+    pub(crate) failed: AtomicBool,
+    /// Set by the handler on the first sequential write fault: the scrub thread fills nothing
+    /// before.
+    pub(crate) streaming: AtomicBool,
+    /// The pool is emptied and not refilled, and faults are served by copies (see
+    /// [`Engine::pause_pool`]).
+    pub(crate) pool_paused: AtomicBool,
+    /// One registered page outside every range: [`Engine`]'s drop reads it, and the fault it
+    /// takes wakes the handler to see `stopping` (the engine holds no descriptor but the
+    /// userfaultfd). `PROT_NONE` until then, so that nothing else faults on it
+    /// (`mlockall(MCL_CURRENT)` populates every accessible mapping).
+    pub(crate) doorbell: usize,
+    /// Odd while the handler is inside one message (bumped on entry and on exit), so that
+    /// [`Engine::stats`] can wait for the counts of the install that woke its caller.
+    pub(crate) handling: AtomicU64,
+    next_region: AtomicU64,
+    /// Held across every change of both the table and the kernel's registration (a range
+    /// registered, released, or handed back), so that the two agree: a hand-back of a range
+    /// that a program thread replaced meanwhile would otherwise unregister the new one in the
+    /// kernel, or cut it from the table while the kernel keeps it registered (a fault the table
+    /// does not know, and an mremap refused for a registration nobody releases). Program
+    /// threads take it inside hooks with signals blocked; nothing is done under it that waits
+    /// for the handler.
+    pub(crate) reg: Mutex<()>,
+}
+
+impl Shared {
+    /// Closes the userfaultfd: blocked faults are woken and every later fault is the kernel's.
+    pub(crate) fn fail_open(&self) {
+        self.failed.store(true, Release);
+        let fd = self.uffd.write().unwrap_or_else(|e| e.into_inner()).take();
+        drop(fd);
+        self.scrub.kick();
+    }
+
+    /// See [`Shared::reg`].
+    pub(crate) fn reg_lock(&self) -> MutexGuard<'_, ()> {
+        self.reg.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Records `[addr, addr + len)` in the table, then registers it. With the engine failed,
+    /// only records it (so that an owning Region still unmaps it). `fresh`: no page of it was
+    /// ever touched; otherwise every PMD of it may hold a page table (no huge page is moved
+    /// there).
+    pub(crate) fn register_range(&self, addr: usize, len: usize, owner: Option<u64>, fresh: bool) -> io::Result<()> {
+        let _reg = self.reg_lock();
+        let r = self.ranges.insert(addr, (len / PAGE_SIZE) as u64, owner);
+        if !fresh {
+            r.pmds.mark_tables(addr, len);
+        }
+        let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = uffd.as_ref() {
+            if let Err(e) = u.register(addr, len) {
+                self.ranges.remove(&r);
+                return Err(e.into());
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The engine: a userfaultfd, its handler thread, the pool and its scrub thread.
+///
+/// Dropping it stops both threads and closes the userfaultfd (regions still alive keep their
+/// memory; the kernel serves their faults from then on).
+#[derive(Debug)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    handler: Option<EngineThread>,
+    scrubber: Option<EngineThread>,
+}
+
+/// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
+/// shim passes their allocations and mappings straight to the system: they serve faults and
+/// must never wait on one. No thread-local is read (see [`sys::thread::is_engine_thread`]).
+pub fn in_engine_thread() -> bool {
+    sys::thread::is_engine_thread()
+}
+
+/// Whether this process can open a userfaultfd, and with which features.
+pub fn probe() -> Result<Features, UffdError> {
+    Uffd::open().map(|u| u.features())
+}
+
+impl Engine {
+    /// Starts an engine with the given options.
+    pub fn new(opts: Options) -> Result<Engine, EngineError> {
+        Engine::start(opts, StatsHome::Own(Box::default()))
+    }
+
+    /// Starts an engine that adds its counters to `stats`, which others may share (the
+    /// counters of several engines then add up; [`Engine::stats`] shows the sum).
+    pub fn with_stats(opts: Options, stats: &'static Stats) -> Result<Engine, EngineError> {
+        Engine::start(opts, StatsHome::Lent(stats))
+    }
+
+    fn start(opts: Options, stats: StatsHome) -> Result<Engine, EngineError> {
+        opts.validate()?;
+        let page = mman::system_page_size();
+        if page != PAGE_SIZE {
+            return Err(EngineError::PageSize(page));
+        }
+        sys::thread::prepare().map_err(|e| EngineError::Thread(io::Error::other(e)))?;
+        let uffd = Uffd::open().map_err(EngineError::Uffd)?;
+        let features = uffd.features();
+        let doorbell = mman::map_aligned(PAGE_SIZE, PAGE_SIZE, libc::PROT_NONE, true).map_err(EngineError::Map)?;
+        if let Err(e) = uffd.register(doorbell, PAGE_SIZE) {
+            let _ = mman::unmap(doorbell, PAGE_SIZE);
+            return Err(EngineError::Register(e.into()));
+        }
+        let pool = if opts.pool && features.has(Features::MOVE) {
+            let huge = opts.pool_thp && mman::thp_available();
+            Some(Pool::new(opts.pool_max, huge).map_err(EngineError::Map)?)
+        } else {
+            None
+        };
+        let stage = match pool.as_ref().filter(|p| p.huge.is_some()) {
+            Some(_) => {
+                let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(EngineError::Map)?;
+                let _ = mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK);
+                Some(m)
+            }
+            None => None,
+        };
+        let shared = Arc::new(Shared {
+            stage,
+            uffd: RwLock::new(Some(uffd)),
+            features,
+            ranges: RangeTable::default(),
+            pool,
+            zero: ZeroSource::new().map_err(EngineError::Map)?,
+            stats,
+            scrub: ScrubCtl::default(),
+            stopping: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            streaming: AtomicBool::new(false),
+            pool_paused: AtomicBool::new(false),
+            doorbell,
+            handling: AtomicU64::new(0),
+            next_region: AtomicU64::new(1),
+            reg: Mutex::new(()),
+            opts,
+        });
+        let spawn = |name: &str, body: fn(Arc<Shared>)| {
+            let s = shared.clone();
+            sys::thread::spawn(name, Box::new(move || body(s))).map_err(EngineError::Thread)
+        };
+        // Built before spawning, so that a failed spawn drops an Engine that stops what started.
+        let mut engine = Engine {
+            shared: shared.clone(),
+            handler: None,
+            scrubber: None,
+        };
+        engine.handler = Some(spawn("zerofault-fault", fault::run)?);
+        if shared.pool.is_some() {
+            engine.scrubber = Some(spawn("zerofault-scrub", scrub::run)?);
+        }
+        Ok(engine)
+    }
+
+    /// Starts an engine with the options of the environment (`ZEROFAULT_<NAME>`).
+    pub fn from_env() -> Result<Engine, EngineError> {
+        Engine::new(Options::from_env()?)
+    }
+
+    /// Maps `len` bytes (rounded up to pages) of anonymous private memory, 2 MiB aligned,
+    /// registered with the engine. `MADV_NOHUGEPAGE`: the kernel does not try a huge page of
+    /// its own on each fault there (~78 µs, wasted on a registered range); the engine still
+    /// moves huge pages into its whole PMDs.
+    ///
+    /// With the engine failed open, returns plain memory that the kernel serves.
+    pub fn map(&self, len: usize) -> Result<Region, EngineError> {
+        let len = len.max(1).next_multiple_of(PAGE_SIZE);
+        let addr =
+            mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, false).map_err(EngineError::Map)?;
+        let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
+        let id = self.shared.next_region.fetch_add(1, Relaxed);
+        if let Err(e) = self.shared.register_range(addr, len, Some(id), true) {
+            let _ = mman::unmap(addr, len);
+            return Err(EngineError::Register(e));
+        }
+        Ok(Region {
+            shared: self.shared.clone(),
+            id,
+            addr,
+            len,
+            owned: true,
+        })
+    }
+
+    /// Serves the faults of memory mapped elsewhere. Dropping the Region unregisters it and
+    /// leaves the mapping to its owner.
+    ///
+    /// # Safety
+    /// `[ptr, ptr + len)` must be page aligned, anonymous private read-write memory that stays
+    /// mapped while the Region lives, and must not be registered with another userfaultfd.
+    /// Its pages that are not present will be filled with zeros on first touch, as the kernel
+    /// would.
+    pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region, EngineError> {
+        let addr = ptr as usize;
+        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
+            return Err(EngineError::Unaligned { addr, len });
+        }
+        let id = self.shared.next_region.fetch_add(1, Relaxed);
+        self.shared
+            .register_range(addr, len, Some(id), false)
+            .map_err(EngineError::Register)?;
+        Ok(Region {
+            shared: self.shared.clone(),
+            id,
+            addr,
+            len,
+            owned: false,
+        })
+    }
+
+    /// Fills the pool until it holds `bytes` (capped at `pool_max`) on the calling thread, for
+    /// callers that want the pool warm before a critical phase; the scrub thread keeps it
+    /// between its watermarks from then on. No-op without a pool.
+    pub fn prefill(&self, bytes: usize) -> io::Result<()> {
+        match &self.shared.pool {
+            Some(p) => {
+                self.shared.streaming.store(true, Release);
+                p.fill_to((bytes / PAGE_SIZE) as u64, &self.shared.stats, || false)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// For the child of a fork(): this engine belongs to the parent (its threads were not
+    /// copied, its userfaultfd serves the parent's memory). Closes the child's copy of the
+    /// descriptor, so that the parent failing open is never held up by it, and forgets the
+    /// rest without touching the threads or any lock they may have held at the fork.
+    pub fn forget_after_fork(self) {
+        self.close_after_fork();
+        std::mem::forget(self);
+    }
+
+    /// The descriptor half of [`Engine::forget_after_fork`], for a fork handler that holds the
+    /// engine by reference and leaks it itself: only atomics and one close(2), so it is safe
+    /// in the child of a multi-threaded fork.
+    pub fn close_after_fork(&self) {
+        // The parent's handler holds a read lock for its whole life, so only read access is
+        // possible here; the descriptor is closed by number and the engine leaked, so that
+        // nothing closes it twice.
+        if let Ok(g) = self.shared.uffd.try_read() {
+            if let Some(u) = g.as_ref() {
+                sys::thread::close_fd(u.raw_fd());
+            }
+        }
+    }
+
+    /// Serves the faults of `[addr, addr + len)` with no [`Region`] to own it: for memory whose
+    /// owner (an LD_PRELOAD shim's program) unmaps, moves and discards it itself; the engine
+    /// follows through the kernel's events. Registering memory already registered here is
+    /// harmless (it is recorded afresh). `fresh`: its pages were never touched (a new mapping),
+    /// so its PMDs hold no page tables.
+    ///
+    /// # Safety
+    /// As [`Engine::register`], except that the memory may be unmapped at any time (the
+    /// engine then forgets it).
+    pub unsafe fn adopt(&self, addr: usize, len: usize, fresh: bool) -> Result<(), EngineError> {
+        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
+            return Err(EngineError::Unaligned { addr, len });
+        }
+        self.shared
+            .register_range(addr, len, None, fresh)
+            .map_err(EngineError::Register)
+    }
+
+    /// Hands `[addr, addr + len)` back to the kernel: unregistered and forgotten. Pages already
+    /// there stay. For callers that must see the program's mappings as they would be without
+    /// the engine (registration splits VMAs).
+    pub fn release(&self, addr: usize, len: usize) {
+        let _reg = self.shared.reg_lock();
+        let seq = self.shared.ranges.seq();
+        self.shared.ranges.unmap(addr, addr + len, seq);
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = uffd.as_ref() {
+            let _ = u.unregister(addr, len);
+        }
+    }
+
+    /// The program's transparent-huge-page advice for `[addr, addr + len)`: `true` for
+    /// `MADV_HUGEPAGE` (or new memory under THP `always`), `false` for `MADV_NOHUGEPAGE`. Where
+    /// it is on, a write fault takes whole huge pages, as the kernel would give it.
+    pub fn set_huge(&self, addr: usize, len: usize, on: bool) {
+        self.shared.ranges.set_huge(addr, addr.saturating_add(len), on);
+    }
+
+    /// Whether any page of `[addr, addr + len)` lies in memory the engine serves.
+    pub fn serves_any(&self, addr: usize, len: usize) -> bool {
+        self.is_active() && self.shared.ranges.any(addr, addr.saturating_add(len))
+    }
+
+    /// Whether `addr` lies in memory the engine serves.
+    pub fn serves(&self, addr: usize) -> bool {
+        self.is_active() && self.shared.ranges.find(addr & !(PAGE_SIZE - 1)).is_some()
+    }
+
+    /// Moves the pages of `[src, src + len)` to `[dst, dst + len)` without copying
+    /// (`UFFDIO_MOVE`, holes allowed: a hole in the source stays a hole at the destination).
+    /// Both must be served by this engine, the destination must have no page yet, and both
+    /// mappings must have the same protection and lock state. Returns the bytes moved before an
+    /// error, or all of them.
+    ///
+    /// # Safety
+    /// The caller owns both ranges; the source reads zero (it faults again) afterwards.
+    pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> usize {
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let Some(u) = uffd.as_ref() else { return 0 };
+        let mut done = 0;
+        while done < len {
+            // SAFETY: the caller owns both ranges (this function's contract).
+            let p = unsafe { u.move_pages_mode(dst + done, src + done, len - done, sys::uffd::MOVE_ALLOW_SRC_HOLES) };
+            done += p.done;
+            match p.errno {
+                None => break,
+                Some(Errno(libc::EAGAIN)) if p.done > 0 => continue,
+                Some(_) => break,
+            }
+        }
+        done
+    }
+
+    /// Every mapping the engine made for itself (pool rings, staging area, zero source,
+    /// doorbell, thread stacks), as (address, length).
+    pub fn own_mappings(&self) -> Vec<(usize, usize)> {
+        let mut v = vec![(self.shared.doorbell, PAGE_SIZE), self.shared.zero.area()];
+        if let Some(p) = &self.shared.pool {
+            v.push(p.small.area());
+            v.extend(p.huge.as_ref().map(|r| r.area()));
+        }
+        v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
+        v.extend([&self.handler, &self.scrubber].into_iter().flatten().map(|t| t.area()));
+        v
+    }
+
+    /// Before the program's `mlockall(MCL_CURRENT)`: the engine's read-write reservations
+    /// (pool rings, staging area) become `PROT_NONE`, which mlockall never populates, so that it
+    /// does not fill them with locked zero pages. Until [`Engine::after_mlockall`] the handler
+    /// copies instead of moving.
+    pub fn before_mlockall(&self) {
+        for (a, l) in self.rw_reservations() {
+            let _ = mman::protect(a, l, libc::PROT_NONE);
+        }
+    }
+
+    /// After the program's `mlockall`: unlocks every engine mapping (they are not the
+    /// program's memory) and gives the reservations their protection back.
+    pub fn after_mlockall(&self) {
+        for (a, l) in self.own_mappings() {
+            let _ = mman::munlock(a, l);
+        }
+        for (a, l) in self.rw_reservations() {
+            let _ = mman::protect(a, l, libc::PROT_READ | libc::PROT_WRITE);
+        }
+    }
+
+    /// Empties the pool and stops refilling it (`true`), or lets the scrub refill it again.
+    /// For a program under `mlockall(MCL_FUTURE)`: its new memory is locked, and the kernel
+    /// moves no page between a locked and an unlocked mapping, so pool pages could only be
+    /// copied; keeping them would be memory populated for nothing.
+    pub fn pause_pool(&self, paused: bool) {
+        self.shared.pool_paused.store(paused, Release);
+        match (&self.shared.pool, paused) {
+            (Some(p), true) => p.release_all(),
+            (Some(_), false) => self.shared.scrub.kick(),
+            (None, _) => {}
+        }
+    }
+
+    fn rw_reservations(&self) -> Vec<(usize, usize)> {
+        let mut v = vec![];
+        if let Some(p) = &self.shared.pool {
+            v.push(p.small.area());
+            v.extend(p.huge.as_ref().map(|r| r.area()));
+        }
+        v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
+        v
+    }
+
+    /// Pages ready in the pool.
+    pub fn pool_pages(&self) -> u64 {
+        self.shared.pool.as_ref().map_or(0, Pool::available)
+    }
+
+    /// Bytes mapped for the page-state maps of the registered ranges (directories and leaves,
+    /// see [`crate::pagemap`]): proportional to what was touched, not to what was registered.
+    pub fn metadata_bytes(&self) -> usize {
+        let ranges = self.shared.ranges.ranges();
+        ranges
+            .iter()
+            .map(|r| r.map.metadata_bytes() + r.pmds.metadata_bytes())
+            .sum()
+    }
+
+    /// A snapshot of the counters. It includes every install that woke a thread before this
+    /// call: an install wakes the faulting thread before the handler has counted it, so a
+    /// snapshot taken while the handler is inside a message waits (at most 50 ms) for it.
+    pub fn stats(&self) -> Snapshot {
+        let g = self.shared.handling.load(SeqCst);
+        if g % 2 == 1 {
+            let t0 = std::time::Instant::now();
+            while self.shared.handling.load(SeqCst) == g
+                && !self.shared.failed.load(Acquire)
+                && t0.elapsed() < std::time::Duration::from_millis(50)
+            {
+                std::thread::yield_now();
+            }
+        }
+        self.shared.stats.snapshot()
+    }
+
+    /// The options the engine runs with.
+    pub fn options(&self) -> &Options {
+        &self.shared.opts
+    }
+
+    /// The userfaultfd features in use.
+    pub fn features(&self) -> Features {
+        self.shared.features
+    }
+
+    /// False once the engine failed open (the kernel serves every fault).
+    pub fn is_active(&self) -> bool {
+        !self.shared.failed.load(Acquire)
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Release);
+        self.shared.scrub.kick();
+        if self.handler.is_some() {
+            // The handler answers this read's fault and then sees `stopping`; with the
+            // userfaultfd already closed (failed open) the kernel answers it.
+            let _ = mman::protect(self.shared.doorbell, PAGE_SIZE, libc::PROT_READ);
+            // SAFETY: the doorbell is our own mapped page, readable now; reading it maps the
+            // zero page.
+            unsafe { std::ptr::read_volatile(self.shared.doorbell as *const u8) };
+        }
+        for t in [self.handler.take(), self.scrubber.take()].into_iter().flatten() {
+            t.join();
+        }
+        // Closing the descriptor hands every registered range back to the kernel.
+        drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+        // Regions may outlive the engine and keep `Shared` alive: free the pool's pages now.
+        if let Some(p) = &self.shared.pool {
+            p.release_all();
+        }
+        let _ = mman::unmap(self.shared.doorbell, PAGE_SIZE);
+    }
+}
+
+#[cfg(test)]
+impl Shared {
+    /// State with no userfaultfd and no threads, for driving the handler against a fake
+    /// kernel: a pool of `opts.pool_max` (real memory; with a huge ring and a staging area
+    /// when `huge`), nothing filled.
+    pub(crate) fn detached(opts: Options, huge: bool) -> Shared {
+        let pool = opts.pool.then(|| Pool::new(opts.pool_max, huge).expect("pool"));
+        let stage = pool
+            .as_ref()
+            .filter(|p| p.huge.is_some())
+            .map(|_| mman::Mapping::new(PMD_SIZE, mman::Thp::Always).expect("staging area"));
+        Shared {
+            stage,
+            uffd: RwLock::new(None),
+            features: Features(Features::WANTED),
+            ranges: RangeTable::default(),
+            pool,
+            zero: ZeroSource::new().expect("zero source"),
+            stats: StatsHome::Own(Box::default()),
+            scrub: ScrubCtl::default(),
+            stopping: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            streaming: AtomicBool::new(false),
+            pool_paused: AtomicBool::new(false),
+            doorbell: 0,
+            handling: AtomicU64::new(0),
+            next_region: AtomicU64::new(1),
+            reg: Mutex::new(()),
+            opts,
+        }
+    }
+}

@@ -1,0 +1,291 @@
+//! The handler thread's loop, the dispatch of each message, and the faults deferred while
+//! events are drained.
+
+use super::{Kernel, BATCH};
+use crate::options::Options;
+use crate::page::PAGE_SIZE;
+use crate::predict::{Predictor, Tuning};
+use crate::stats::Stats;
+use crate::sys::mman::Mapping;
+use crate::sys::raw::Errno;
+use crate::sys::thread::ThreadClock;
+use crate::sys::uffd::{Msg, Progress};
+use crate::zero::ZeroSource;
+use crate::Shared;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::Ordering::*;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Times an install is retried after draining events before giving up on it.
+pub(crate) const EVENT_RETRIES: u32 = 8;
+/// Predictor entries kept before the table is reset (threads and ranges come and go).
+const MAX_PREDICTORS: usize = 4096;
+
+/// Closes the userfaultfd when the handler thread ends other than by an orderly stop (the
+/// doorbell rung by [`crate::Engine`]'s drop).
+struct FailOpen<'a> {
+    shared: &'a Shared,
+    orderly: bool,
+}
+
+impl Drop for FailOpen<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            Stats::add(&self.shared.stats.handler_panics, 1);
+        }
+        if !self.orderly {
+            self.shared.fail_open();
+        }
+    }
+}
+
+/// The thread's body.
+pub(crate) fn run(shared: Arc<Shared>) {
+    let mut fail_open = FailOpen {
+        shared: &shared,
+        orderly: false,
+    };
+    let guard = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+    let Some(uffd) = guard.as_ref() else { return };
+    let mut h = Handler::new(&shared, uffd);
+    let mut buf = [Msg::Fork; BATCH];
+    let clock = ThreadClock::current();
+    let (mut counted, mut last_count) = (Duration::ZERO, Instant::now());
+    // Until the doorbell rings: a stop is only orderly once every fault queued before it was
+    // answered.
+    while !h.rung && h.fatal.is_none() {
+        if let Some(m) = h.deferred.pop_front() {
+            h.handle_counted(m);
+            continue;
+        }
+        h.seq = shared.ranges.seq();
+        let n = match Kernel::read(uffd, &mut buf) {
+            Ok(n) => n,
+            Err(_) => break, // the descriptor is unusable: fail open
+        };
+        if n == 0 {
+            if last_count.elapsed() > Duration::from_millis(1) {
+                let now = clock.read();
+                Stats::add(&shared.stats.handler_cpu_ns, (now - counted).as_nanos() as u64);
+                (counted, last_count) = (now, Instant::now());
+            }
+            if uffd.wait().is_err() || !uffd.still_ours() {
+                break; // closed or replaced behind our back: fail open
+            }
+            continue;
+        }
+        for &m in &buf[..n] {
+            h.handle_counted(m);
+        }
+    }
+    if let Some(e) = h.fatal {
+        Stats::add(&shared.stats.fail_opens, 1);
+        Stats::add(&shared.stats.fail_open_errno, e.0 as u64);
+    }
+    let now = clock.read();
+    Stats::add(
+        &shared.stats.handler_cpu_ns,
+        now.saturating_sub(counted).as_nanos() as u64,
+    );
+    fail_open.orderly = h.rung;
+}
+
+/// The handler's state: what it needs of the engine, and what it keeps between messages.
+pub(crate) struct Handler<'a, K: Kernel> {
+    pub(crate) shared: &'a Shared,
+    pub(crate) k: &'a K,
+    pub(crate) opts: &'a Options,
+    pub(crate) tuning: Tuning,
+    pub(crate) zero: &'a ZeroSource,
+    /// Pool pages can be moved in (a pool, and `UFFDIO_MOVE`).
+    pub(crate) can_move: bool,
+    /// [`Shared::stage`], when `can_move`: whole PMDs get huge pages.
+    pub(crate) stage: Option<&'a Mapping>,
+    /// EEXIST skips so far (tells a clean move from one that found pages present).
+    pub(crate) partials: u64,
+    /// After a slow staging populate, no staging until then (see [`crate::thp::STAGE_SLOW`]).
+    pub(crate) stage_rests_until: Option<Instant>,
+    /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
+    pub(crate) pieces: Vec<(usize, usize, bool)>,
+    /// Per (range, thread).
+    pub(crate) predictors: HashMap<(u64, u32), Predictor>,
+    /// Scratch for the runs a window's claim returns.
+    pub(crate) runs: Vec<(u64, u64)>,
+    /// Faults read while draining for events, handled next.
+    pub(crate) deferred: VecDeque<Msg>,
+    /// Table sequence noted before the last read: events apply to ranges registered by then.
+    pub(crate) seq: u64,
+    /// Page faults handled (for `panic_after`).
+    pub(crate) faults_seen: u64,
+    /// The doorbell rang: the engine is being dropped.
+    pub(crate) rung: bool,
+    /// An errno no install expects (EPERM under a seccomp filter, EBADF, ...): the handler
+    /// stops and fails open.
+    pub(crate) fatal: Option<Errno>,
+}
+
+impl<'a, K: Kernel> Handler<'a, K> {
+    pub(crate) fn new(shared: &'a Shared, k: &'a K) -> Handler<'a, K> {
+        let opts = &shared.opts;
+        let can_move = opts.pool && shared.pool.is_some() && shared.features.has(crate::Features::MOVE);
+        let stage = shared.stage.as_ref().filter(|_| can_move);
+        Handler {
+            shared,
+            k,
+            opts,
+            tuning: Tuning {
+                start_order: opts.start_order,
+                order_step: opts.order_step,
+                max_order: opts.max_order,
+            },
+            zero: &shared.zero,
+            can_move,
+            stage,
+            partials: 0,
+            stage_rests_until: None,
+            pieces: Vec::new(),
+            predictors: HashMap::new(),
+            runs: Vec::new(),
+            deferred: VecDeque::new(),
+            seq: 0,
+            faults_seen: 0,
+            rung: false,
+            fatal: None,
+        }
+    }
+
+    pub(crate) fn stats(&self) -> &'a Stats {
+        &self.shared.stats
+    }
+
+    /// Checks an ioctl's errno: the ones an install can meet in a healthy engine (see
+    /// [`benign`]) are the caller's to handle; any other stops the handler, which then fails
+    /// open: closing the userfaultfd wakes every blocked fault, and the kernel serves them.
+    pub(crate) fn note_errno(&mut self, e: Errno) {
+        if !benign(e) && self.fatal.is_none() {
+            self.fatal = Some(e);
+        }
+    }
+
+    /// [`Self::note_errno`] for an install's progress, passed through.
+    pub(crate) fn note(&mut self, p: Progress) -> Progress {
+        if let Some(e) = p.errno {
+            self.note_errno(e);
+        }
+        p
+    }
+
+    /// Wakes the thread faulting at `page_addr`. A wake cannot fail in a healthy engine: if it
+    /// does, the thread would sleep for ever, so the handler fails open.
+    pub(crate) fn wake(&mut self, page_addr: usize) {
+        if let Err(e) = self.k.wake(page_addr, PAGE_SIZE) {
+            self.fatal.get_or_insert(e);
+        }
+    }
+
+    /// [`Self::handle`] inside the `handling` bracket that [`crate::Engine::stats`] waits on.
+    pub(crate) fn handle_counted(&mut self, m: Msg) {
+        self.shared.handling.fetch_add(1, SeqCst);
+        self.handle(m);
+        self.shared.handling.fetch_add(1, SeqCst);
+    }
+
+    fn handle(&mut self, m: Msg) {
+        if self.fatal.is_some() {
+            return; // failing open: the kernel answers everything from here
+        }
+        let seq = self.seq;
+        let stats = self.stats();
+        match m {
+            Msg::PageFault { addr, write, tid } => self.fault(addr, write, tid),
+            Msg::Remove { start, end } => {
+                Stats::add(&stats.events_remove, 1);
+                Stats::add(&stats.pages_forgotten, self.shared.ranges.forget(start, end, seq));
+            }
+            Msg::Unmap { start, end } => {
+                Stats::add(&stats.events_unmap, 1);
+                Stats::add(&stats.pages_forgotten, self.shared.ranges.unmap(start, end, seq));
+            }
+            Msg::Remap { from, to, len } => {
+                Stats::add(&stats.events_remap, 1);
+                self.shared.ranges.remap(from, to, len, seq);
+            }
+            Msg::Fork | Msg::Unknown(_) => {}
+        }
+    }
+
+    /// The predictor of thread `tid` in range `id`.
+    pub(crate) fn predictor(&mut self, id: u64, tid: u32) -> &mut Predictor {
+        if self.predictors.len() >= MAX_PREDICTORS {
+            self.predictors.clear();
+        }
+        self.predictors.entry((id, tid)).or_default()
+    }
+
+    /// Reads pending messages: events are applied now, faults deferred. Called when an install
+    /// got EAGAIN without progress, i.e. an event is waiting to be read.
+    pub(crate) fn drain_events(&mut self) {
+        Stats::add(&self.stats().drained_for_events, 1);
+        let mut buf = [Msg::Fork; BATCH];
+        // The events read here are applied as of now; the rest of a batch read earlier (the
+        // caller may be in the middle of one) keeps the older mark, or its unmaps would cut
+        // ranges registered since.
+        let outer = std::mem::replace(&mut self.seq, self.shared.ranges.seq());
+        let n = match self.k.read(&mut buf) {
+            Ok(n) => n,
+            Err(e) => {
+                self.note_errno(e);
+                0
+            }
+        };
+        for &m in &buf[..n] {
+            match m {
+                f @ Msg::PageFault { .. } => self.deferred.push_back(f),
+                e => self.handle(e),
+            }
+        }
+        self.seq = outer;
+        if n == 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// A sequential writer is proven: keep the pool between its watermarks from now on. Random
+    /// or read-only faults never start the scrub thread, so a program that does not stream
+    /// through fresh memory pays for no pool at all.
+    pub(crate) fn want_pool(&self) {
+        let Some(pool) = self.shared.pool.as_ref() else { return };
+        if self.shared.pool_paused.load(Relaxed) {
+            return;
+        }
+        if !self.shared.streaming.load(Relaxed) {
+            self.shared.streaming.store(true, Release);
+        }
+        if pool.available() < (self.opts.scrub_start / PAGE_SIZE) as u64 {
+            self.shared.scrub.kick();
+        }
+    }
+}
+
+/// Whether an install ioctl's errno is one a healthy engine meets: a page already present
+/// (EEXIST), a pending event or a race (EAGAIN), a hole or a destination gone with its mapping
+/// (ENOENT), a range unregistered or changed under us, or a move the kernel refuses between
+/// these two mappings (EINVAL: protection, mlock or registration differ), pages shared after a
+/// fork (EBUSY), the process exiting (ESRCH, EINTR), memory short (ENOMEM), a source it cannot
+/// move (EFAULT). Anything else (EPERM from a seccomp filter, EBADF, ENOTTY, ...) means the
+/// descriptor is no longer usable as ours.
+pub(crate) fn benign(e: Errno) -> bool {
+    matches!(
+        e.0,
+        libc::EEXIST
+            | libc::EAGAIN
+            | libc::ENOENT
+            | libc::EINVAL
+            | libc::EBUSY
+            | libc::ESRCH
+            | libc::EINTR
+            | libc::ENOMEM
+            | libc::EFAULT
+    )
+}

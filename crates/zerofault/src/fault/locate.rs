@@ -1,0 +1,124 @@
+//! Locating a fault: its range, whether its page is claimed already, its window, and the claim.
+
+use super::{Handler, Kernel};
+use crate::page::{page_start, pmd_start, PAGE_SIZE, PMD_PAGES};
+use crate::predict::Outcome;
+use crate::region::Range;
+use crate::stats::Stats;
+use std::sync::atomic::Ordering::Acquire;
+use std::sync::Arc;
+
+/// A located fault: the window to install, in pages of its range.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Located {
+    pub(crate) first: u64,
+    pub(crate) end: u64,
+    /// Install writable pages (a write fault, or a fault that takes a whole huge page).
+    pub(crate) write: bool,
+    pub(crate) outcome: Outcome,
+}
+
+impl<K: Kernel> Handler<'_, K> {
+    /// One page fault, from its message to the wake.
+    pub(crate) fn fault(&mut self, addr: usize, write: bool, tid: u32) {
+        let page_addr = page_start(addr);
+        if page_addr == self.shared.doorbell {
+            // Engine::drop rang: answer it, and stop. (Anyone else touching it, a debugger
+            // reading /proc/pid/mem, say, is answered and changes nothing.)
+            let p = self.k.zeropage(page_addr, PAGE_SIZE);
+            self.note(p);
+            self.wake(page_addr);
+            self.rung = self.shared.stopping.load(Acquire);
+            return;
+        }
+        let stats = self.stats();
+        Stats::add(&stats.fault_events, 1);
+        Stats::add(if write { &stats.write_faults } else { &stats.read_faults }, 1);
+        self.faults_seen += 1;
+        if self.opts.panic_after != 0 && self.faults_seen == self.opts.panic_after {
+            panic!(
+                "zerofault: ZEROFAULT_PANIC_AFTER={} reached (testing fail-open)",
+                self.opts.panic_after
+            );
+        }
+        let Some(range) = self.shared.ranges.find(page_addr) else {
+            Stats::add(&stats.unknown_faults, 1);
+            self.install_one(page_addr, write);
+            return;
+        };
+        if let Some(w) = self.locate(&range, page_addr, write, tid) {
+            self.install_window(&range, page_addr, w);
+        }
+    }
+
+    /// The window for a fault at `page_addr` of `range`, or `None` when the fault was answered
+    /// here: its page is claimed already (one page tried, and woken), or it went back to the
+    /// kernel with a hand-back (woken, it faults natively).
+    fn locate(&mut self, range: &Arc<Range>, page_addr: usize, write: bool, tid: u32) -> Option<Located> {
+        let stats = self.stats();
+        // Where the program asked for huge pages, the kernel tried one and asked us with the
+        // PMD still empty: the fault takes a whole huge page, as a write would natively. A read
+        // takes one too: natively it maps the huge zero page and the first write a huge page,
+        // and 4 KiB zero pages here would leave that PMD 4 KiB pages for good.
+        // Elsewhere the kernel gave the faulting PMD a page table before it queued the message.
+        let huge_fault = self.stage.is_some() && range.huge_fault(page_addr);
+        let write = write || huge_fault;
+        if !huge_fault {
+            range.pmds.mark_tables(page_addr, PAGE_SIZE);
+        }
+        let page = range.page_of(page_addr);
+        if range.map.is_claimed(page) {
+            Stats::add(&stats.already_present, 1);
+            self.install_one(page_addr, write);
+            return None;
+        }
+
+        // With huge pages, big windows end on PMD boundaries (in the address space).
+        let phase = self
+            .stage
+            .is_some()
+            .then_some((range.start / PAGE_SIZE) as u64 % PMD_PAGES);
+        let tuning = self.tuning;
+        let predictor = self.predictor(range.id, tid);
+        let w = predictor.on_fault_aligned(page, range.pages, phase, &tuning);
+        let (mut first, mut end) = (w.first, w.first + w.pages);
+        if huge_fault {
+            // The whole PMDs the window touches, from the one of the fault.
+            let pmd = |p: u64| range.page_of(pmd_start(range.addr_of(p)));
+            first = first.min(pmd(page));
+            end = (pmd(end - 1) + PMD_PAGES).min(range.pages);
+            predictor.installed_to(end);
+        }
+        Stats::add(
+            match w.outcome {
+                Outcome::Start => &stats.predict_starts,
+                Outcome::Hit => &stats.predict_hits,
+                Outcome::Miss => &stats.predict_misses,
+            },
+            1,
+        );
+        let handback =
+            range
+                .misses
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .record(w.outcome, page, self.opts.handback_misses);
+        if let Some((lo, hi)) = handback {
+            if self
+                .hand_back(range, lo, hi)
+                .is_some_and(|(a, b)| (a..b).contains(&page))
+            {
+                // The faulting page went back to the kernel with the rest: let it fault natively.
+                self.wake(page_addr);
+                return None;
+            }
+        }
+        Stats::add(&stats.window_order[w.order as usize], 1);
+        Some(Located {
+            first,
+            end,
+            write,
+            outcome: w.outcome,
+        })
+    }
+}

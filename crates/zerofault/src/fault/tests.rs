@@ -1,0 +1,381 @@
+//! The install policy against a fake kernel: which ioctls a fault makes, in which order, and
+//! what it does when the kernel says no. No userfaultfd is opened; the pool is real memory.
+
+use super::{Handler, Kernel};
+use crate::page::{bytes, PAGE_SIZE, PMD_SIZE};
+use crate::sys::raw::Errno;
+use crate::sys::uffd::{Msg, Progress};
+use crate::{Options, Shared};
+use std::cell::{Cell, RefCell};
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Where the fake's registered memory starts: PMD aligned, and never touched (the fake only
+/// keeps addresses).
+const BASE: usize = 0x6000_0000_0000;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Verb {
+    Move,
+    Copy,
+    Zeropage,
+}
+
+/// What the kernel would do with a userfaultfd, as far as the install policy can tell: pages
+/// present or not at each destination address, the end of the mapping, and errors on demand.
+#[derive(Default)]
+struct Fake {
+    present: RefCell<BTreeSet<usize>>,
+    /// The mapping's end: a span that crosses it is refused whole (ENOENT, EINVAL for a move).
+    end: Cell<usize>,
+    /// Errors for the next install calls, one each, then `always`.
+    fail: RefCell<VecDeque<Errno>>,
+    always: Cell<Option<Errno>>,
+    calls: RefCell<Vec<(Verb, usize, usize)>>,
+    wakes: RefCell<Vec<usize>>,
+    unregistered: RefCell<Vec<(usize, usize)>>,
+    /// Messages `read` returns.
+    pending: RefCell<VecDeque<Msg>>,
+}
+
+impl Fake {
+    fn new() -> Fake {
+        let f = Fake::default();
+        f.end.set(usize::MAX);
+        f
+    }
+
+    /// The kernel's answer to an install of `[dst, dst + len)`: the first page present gives
+    /// EEXIST, a later one EAGAIN with the bytes done before it (mm/userfaultfd.c's rules, as
+    /// measured in shared/notes/uffd-facts.md).
+    fn install(&self, verb: Verb, dst: usize, len: usize) -> Progress {
+        self.calls.borrow_mut().push((verb, dst, len));
+        let fail = |e| Progress {
+            done: 0,
+            errno: Some(Errno(e)),
+        };
+        if let Some(e) = self.fail.borrow_mut().pop_front().or(self.always.get()) {
+            return Progress {
+                done: 0,
+                errno: Some(e),
+            };
+        }
+        if dst + len > self.end.get() {
+            return fail(if verb == Verb::Move { libc::EINVAL } else { libc::ENOENT });
+        }
+        let mut present = self.present.borrow_mut();
+        for (i, page) in (dst..dst + len).step_by(PAGE_SIZE).enumerate() {
+            if present.contains(&page) {
+                if i == 0 {
+                    return fail(libc::EEXIST);
+                }
+                present.extend((dst..page).step_by(PAGE_SIZE));
+                return Progress {
+                    done: i * PAGE_SIZE,
+                    errno: Some(Errno(libc::EAGAIN)),
+                };
+            }
+        }
+        present.extend((dst..dst + len).step_by(PAGE_SIZE));
+        Progress { done: len, errno: None }
+    }
+
+    /// Whether the thread faulting at `addr` was woken: by a wake, or by an install that put
+    /// its page in (installs wake what they install).
+    fn woken(&self, addr: usize) -> bool {
+        self.wakes.borrow().contains(&addr) || self.present.borrow().contains(&addr)
+    }
+
+    fn calls(&self) -> Vec<(Verb, usize, usize)> {
+        self.calls.borrow().clone()
+    }
+}
+
+impl Kernel for Fake {
+    unsafe fn move_pages(&self, dst: usize, _src: usize, len: usize) -> Progress {
+        self.install(Verb::Move, dst, len)
+    }
+    unsafe fn copy(&self, dst: usize, _src: usize, len: usize) -> Progress {
+        self.install(Verb::Copy, dst, len)
+    }
+    fn zeropage(&self, dst: usize, len: usize) -> Progress {
+        self.install(Verb::Zeropage, dst, len)
+    }
+    fn wake(&self, addr: usize, _len: usize) -> Result<(), Errno> {
+        self.wakes.borrow_mut().push(addr);
+        Ok(())
+    }
+    fn unregister(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.unregistered.borrow_mut().push((addr, len));
+        Ok(())
+    }
+    fn read(&self, out: &mut [Msg]) -> Result<usize, Errno> {
+        let mut pending = self.pending.borrow_mut();
+        let n = out.len().min(pending.len());
+        for o in &mut out[..n] {
+            *o = pending.pop_front().expect("counted");
+        }
+        Ok(n)
+    }
+}
+
+/// Knobs for the tests: a 16 MiB pool (a 4 MiB small ring with `huge`), the default windows.
+fn opts(pool: bool) -> Options {
+    Options {
+        pool,
+        pool_max: 16 << 20,
+        ..Options::default()
+    }
+}
+
+/// A detached engine state with a range of `pages` pages at [`BASE`] and `small` pages ready
+/// in the small ring (and `huge` huge pages in the huge ring, which `huge > 0` creates).
+fn state(pool: bool, pages: u64, small: u64, huge: u64) -> Shared {
+    let s = Shared::detached(opts(pool), huge > 0);
+    s.ranges.insert(BASE, pages, None);
+    if let Some(p) = &s.pool {
+        while p.small.available() < small {
+            p.small.fill_step(small - p.small.available(), &s.stats).unwrap();
+        }
+        if let Some(h) = &p.huge {
+            while h.available() < huge * 512 {
+                h.fill_step(u64::MAX, &s.stats).unwrap();
+            }
+        }
+    }
+    s
+}
+
+fn page(i: u64) -> usize {
+    BASE + bytes(i)
+}
+
+#[test]
+fn a_write_fault_moves_its_window_from_the_pool_and_the_move_wakes_the_thread() {
+    let s = state(true, 4096, 256, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), true, 7);
+    assert_eq!(k.calls(), [(Verb::Move, page(0), bytes(16))]);
+    assert!(k.wakes.borrow().is_empty(), "the move woke the thread");
+    let st = s.stats.snapshot();
+    assert_eq!((st.pages_moved, st.pages_copied), (16, 0));
+    assert_eq!(s.pool.as_ref().unwrap().small.available(), 256 - 16);
+    // The next fault where the window ended is a hit: the window grows, the pool is wanted.
+    h.fault(page(16), true, 7);
+    assert_eq!(k.calls()[1], (Verb::Move, page(16), bytes(64)));
+    assert!(s.streaming.load(Relaxed));
+    assert_eq!(s.ranges.find(BASE).unwrap().map.count(), 80);
+}
+
+#[test]
+fn an_empty_pool_is_copied_from_and_the_copy_says_why() {
+    let s = state(true, 4096, 0, 0);
+    let k = Fake::new();
+    Handler::new(&s, &k).fault(page(0), true, 1);
+    assert_eq!(k.calls(), [(Verb::Copy, page(0), bytes(16))]);
+    let st = s.stats.snapshot();
+    assert_eq!((st.pool_empty, st.copy_pool_empty, st.copy_no_move), (1, 16, 0));
+
+    let s = state(false, 4096, 0, 0);
+    let k = Fake::new();
+    Handler::new(&s, &k).fault(page(0), true, 1);
+    assert_eq!(k.calls(), [(Verb::Copy, page(0), bytes(16))]);
+    assert_eq!(s.stats.snapshot().copy_no_move, 16);
+}
+
+#[test]
+fn a_read_maps_the_zero_page_and_spends_no_pool_page() {
+    let s = state(true, 4096, 64, 0);
+    let k = Fake::new();
+    Handler::new(&s, &k).fault(page(3), false, 1);
+    assert_eq!(k.calls(), [(Verb::Zeropage, page(3), bytes(16))]);
+    assert_eq!(s.pool.as_ref().unwrap().small.available(), 64);
+    assert_eq!(s.stats.snapshot().pages_zero_mapped, 16);
+}
+
+#[test]
+fn present_pages_are_skipped_and_cost_no_pool_page() {
+    let s = state(true, 4096, 64, 0);
+    let k = Fake::new();
+    k.present.borrow_mut().insert(page(5));
+    Handler::new(&s, &k).fault(page(0), true, 1);
+    // Five pages, EAGAIN at the present one, EEXIST there, then the rest.
+    assert_eq!(
+        k.calls(),
+        [
+            (Verb::Move, page(0), bytes(16)),
+            (Verb::Move, page(5), bytes(11)),
+            (Verb::Move, page(6), bytes(10)),
+        ]
+    );
+    assert_eq!(k.present.borrow().len(), 16);
+    let st = s.stats.snapshot();
+    assert_eq!((st.partial_installs, st.pages_moved), (1, 15));
+    assert_eq!(
+        s.pool.as_ref().unwrap().small.available(),
+        64 - 15,
+        "the unused page went back"
+    );
+}
+
+#[test]
+fn a_window_past_the_end_of_its_mapping_goes_in_up_to_the_end_and_no_further() {
+    let s = state(true, 4096, 256, 0);
+    let k = Fake::new();
+    k.end.set(page(10));
+    Handler::new(&s, &k).fault(page(0), true, 1);
+    let present: Vec<usize> = k.present.borrow().iter().copied().collect();
+    assert_eq!(present, (0..10).map(page).collect::<Vec<_>>());
+    assert!(k.woken(page(0)));
+    let r = s.ranges.find(BASE).unwrap();
+    assert_eq!(r.map.count(), 10, "the pages beyond the mapping were released");
+    assert_eq!(s.stats.snapshot().windows_clipped, 1);
+    // Halving pieces from the fault on; a refused piece's last page and what lies beyond it
+    // are not tried again (each refused move is followed by a refused copy).
+    let moves: Vec<(u64, u64)> = k
+        .calls()
+        .iter()
+        .filter(|c| c.0 == Verb::Move)
+        .map(|&(_, dst, len)| (((dst - BASE) / PAGE_SIZE) as u64, (len / PAGE_SIZE) as u64))
+        .collect();
+    assert_eq!(moves, [(0, 16), (0, 8), (8, 8), (8, 4), (8, 2), (10, 1)]);
+}
+
+#[test]
+fn mappings_that_keep_changing_end_the_install_and_the_thread_is_woken() {
+    let s = state(true, 4096, 64, 0);
+    let k = Fake::new();
+    k.always.set(Some(Errno(libc::EAGAIN)));
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), true, 1);
+    assert!(h.fatal.is_none(), "EAGAIN is no reason to fail open");
+    assert_eq!(k.wakes.borrow().as_slice(), [page(0)]);
+    assert_eq!(
+        s.ranges.find(BASE).unwrap().map.count(),
+        0,
+        "nothing claimed stays claimed"
+    );
+    // Each of the move and the copy retried after draining events, and gave up.
+    let st = s.stats.snapshot();
+    assert_eq!(st.drained_for_events, 2 * u64::from(super::EVENT_RETRIES));
+    assert_eq!(
+        s.pool.as_ref().unwrap().small.available(),
+        64,
+        "the run went back whole"
+    );
+}
+
+#[test]
+fn an_errno_no_install_expects_fails_open() {
+    let s = state(true, 4096, 64, 0);
+    let k = Fake::new();
+    k.fail.borrow_mut().push_back(Errno(libc::EPERM));
+    let mut h = Handler::new(&s, &k);
+    h.handle_counted(Msg::PageFault {
+        addr: page(0),
+        write: true,
+        tid: 1,
+    });
+    assert_eq!(h.fatal, Some(Errno(libc::EPERM)));
+    let before = k.calls().len();
+    h.handle_counted(Msg::PageFault {
+        addr: page(100),
+        write: true,
+        tid: 1,
+    });
+    assert_eq!(k.calls().len(), before, "failing open: the kernel answers from here");
+}
+
+#[test]
+fn events_read_while_draining_apply_at_once_and_faults_wait_their_turn() {
+    let s = state(false, 4096, 0, 0);
+    s.ranges.insert(BASE + (1 << 30), 512, None);
+    let k = Fake::new();
+    k.fail.borrow_mut().push_back(Errno(libc::EAGAIN));
+    k.pending.borrow_mut().extend([
+        Msg::Unmap {
+            start: BASE + (1 << 30),
+            end: BASE + (1 << 30) + PMD_SIZE,
+        },
+        Msg::PageFault {
+            addr: page(500),
+            write: true,
+            tid: 2,
+        },
+    ]);
+    let mut h = Handler::new(&s, &k);
+    h.seq = s.ranges.seq();
+    h.fault(page(0), true, 1);
+    assert!(s.ranges.find(BASE + (1 << 30)).is_none(), "the UNMAP was applied");
+    assert_eq!(h.deferred.len(), 1);
+    assert_eq!(k.present.borrow().len(), 16, "and the install went on after it");
+}
+
+#[test]
+fn huge_pages_go_into_whole_clear_pmds_last_piece_first() {
+    let s = state(true, 4096, 64, 2);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    assert!(h.stage.is_some());
+    let r = s.ranges.find(BASE).unwrap();
+    // Eight pages before a PMD boundary, then that whole PMD.
+    let dst = BASE + PMD_SIZE - bytes(8);
+    h.install_write(dst, bytes(8) + PMD_SIZE, Some(&r)).unwrap();
+    assert_eq!(
+        k.calls(),
+        [(Verb::Move, BASE + PMD_SIZE, PMD_SIZE), (Verb::Move, dst, bytes(8))]
+    );
+    assert_eq!(s.stats.snapshot().huge_moves, 1);
+    assert!(r.pmds.has_table(dst) && !r.pmds.has_table(BASE + PMD_SIZE));
+}
+
+#[test]
+fn an_empty_huge_ring_makes_the_huge_page_in_the_staging_area() {
+    // A huge ring that is empty.
+    let s = Shared::detached(opts(true), true);
+    s.ranges.insert(BASE, 4096, None);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let r = s.ranges.find(BASE).unwrap();
+    h.install_write(BASE, PMD_SIZE, Some(&r)).unwrap();
+    assert_eq!(k.calls(), [(Verb::Move, BASE, PMD_SIZE)]);
+    assert_eq!(s.stats.snapshot().huge_made, 1);
+}
+
+#[test]
+fn a_refused_huge_move_marks_the_pmd_and_falls_back_to_small_pages() {
+    let s = state(true, 4096, 1024, 1);
+    let k = Fake::new();
+    k.fail.borrow_mut().push_back(Errno(libc::EBUSY));
+    let mut h = Handler::new(&s, &k);
+    let r = s.ranges.find(BASE).unwrap();
+    h.install_write(BASE, PMD_SIZE, Some(&r)).unwrap();
+    assert_eq!(k.calls()[0], (Verb::Move, BASE, PMD_SIZE));
+    assert_eq!(k.present.borrow().len(), 512, "the PMD was filled with small pages");
+    assert!(r.pmds.has_table(BASE));
+    let st = s.stats.snapshot();
+    assert_eq!((st.huge_fallbacks, st.huge_moves), (1, 0));
+}
+
+#[test]
+fn random_faults_hand_their_span_back_and_the_faulting_page_goes_with_it() {
+    let o = Options {
+        handback_misses: 2,
+        ..opts(false)
+    };
+    let s = Shared::detached(o, false);
+    s.ranges.insert(BASE, 64 * 512, None);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    // A start (neutral), then two misses in the same PMD.
+    for p in [3000, 10_000, 10_100] {
+        h.fault(page(p), true, 1);
+    }
+    // Misses at 10,000 and 10,100: the whole PMD from page 9,728.
+    assert_eq!(k.unregistered.borrow().as_slice(), [(page(9728), PMD_SIZE)]);
+    assert!(s.ranges.find(page(10_100)).is_none());
+    assert!(k.wakes.borrow().contains(&page(10_100)), "woken to fault natively");
+    assert!(!k.present.borrow().contains(&page(10_100)));
+    assert_eq!(s.stats.snapshot().handbacks, 1);
+}

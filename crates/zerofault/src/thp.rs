@@ -1,0 +1,237 @@
+//! Whole-PMD placement: where a transparent huge page may go, and putting it there.
+//!
+//! A huge page is moved (`UFFDIO_MOVE`, one PMD update) only into a PMD that holds no page
+//! table: into a page table it would be split (~1 ms). User space cannot see page tables, so
+//! each range keeps a [`PmdMap`]: one bit per PMD it overlaps that is set once the PMD *may*
+//! hold a table (4 KiB pages went in, a `MADV_DONTNEED` cut through it, the kernel moved pages
+//! in with `mremap`), and one bit per PMD where the program asked for huge pages
+//! (`MADV_HUGEPAGE`, or THP `always`), where the kernel tries a huge page at each fault before
+//! it asks us, with the PMD still empty.
+//!
+//! A write window's whole PMDs whose table bit is clear get huge pages: moved from the pool's
+//! huge ring, or, when it is empty, made here in a 2 MiB staging area (`MADV_POPULATE_WRITE`
+//! of one THP, then one move), as the kernel's own THP fault would. A staging populate that is
+//! slow means memory is fragmented: the handler then copies for a while instead.
+
+use crate::fault::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::page::{PAGE_SIZE, PMD_SIZE};
+use crate::pagemap::PageMap;
+use crate::region::Range;
+use crate::stats::Stats;
+use crate::sys::mman;
+use crate::sys::raw::Errno;
+use std::time::{Duration, Instant};
+
+/// A staging populate slower than this (a huge page normally takes ~0.4-1 ms here) means the
+/// kernel had to compact memory for it, or fell back to 4 KiB pages: the handler then copies
+/// instead for [`STAGE_REST`]. The scrub thread, off the faulting path, keeps trying.
+pub(crate) const STAGE_SLOW: Duration = Duration::from_millis(4);
+/// See [`STAGE_SLOW`].
+pub(crate) const STAGE_REST: Duration = Duration::from_secs(1);
+
+/// Two bits per PMD a range overlaps (see the module doc), indexed from the range's first PMD.
+#[derive(Debug)]
+pub(crate) struct PmdMap {
+    /// The first PMD's index in the address space (`start / PMD_SIZE`).
+    base: usize,
+    /// Set: the PMD may hold a page table. Never cleared: kernels with CONFIG_PT_RECLAIM free
+    /// an emptied table on MADV_DONTNEED, older ones keep it, and user space cannot tell.
+    tables: PageMap,
+    /// Set: the program asked for huge pages there.
+    huge: PageMap,
+}
+
+/// PMDs overlapped by `pages` pages from `start`.
+pub(crate) fn pmds_overlapped(start: usize, pages: u64) -> u64 {
+    let end = start + (pages as usize).max(1) * PAGE_SIZE;
+    ((end - 1) / PMD_SIZE - start / PMD_SIZE + 1) as u64
+}
+
+impl PmdMap {
+    /// No table, no advice, for the PMDs of `pages` pages from `start`.
+    pub(crate) fn new(start: usize, pages: u64) -> PmdMap {
+        let n = pmds_overlapped(start, pages);
+        PmdMap {
+            base: start / PMD_SIZE,
+            tables: PageMap::new(n),
+            huge: PageMap::new(n),
+        }
+    }
+
+    /// Index of the PMD holding `addr`.
+    fn index(&self, addr: usize) -> u64 {
+        (addr / PMD_SIZE - self.base) as u64
+    }
+
+    /// PMDs covered.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> u64 {
+        self.tables.pages()
+    }
+
+    /// The part for a piece of the range starting at `start` of `pages` pages; the huge-page
+    /// advice goes along, and the table bits too unless `tables` says otherwise.
+    pub(crate) fn slice(&self, start: usize, pages: u64) -> PmdMap {
+        let (first, n) = (self.index(start), pmds_overlapped(start, pages));
+        PmdMap {
+            base: start / PMD_SIZE,
+            tables: self.tables.slice(first, n),
+            huge: self.huge.slice(first, n),
+        }
+    }
+
+    /// For pages the kernel moved in (`mremap`): the advice of the piece at `start` of this
+    /// map, and a table assumed in every PMD at the destination `to`.
+    pub(crate) fn moved(&self, start: usize, pages: u64, to: usize) -> PmdMap {
+        let tables = PageMap::new(pmds_overlapped(to, pages));
+        tables.set(0, tables.pages());
+        PmdMap {
+            base: to / PMD_SIZE,
+            tables,
+            huge: self.huge.slice(self.index(start), pmds_overlapped(start, pages)),
+        }
+    }
+
+    /// Notes that 4 KiB pages went into `[addr, addr + len)`: its PMDs may hold page tables.
+    pub(crate) fn mark_tables(&self, addr: usize, len: usize) {
+        if len > 0 {
+            let (a, b) = (self.index(addr), self.index(addr + len - 1));
+            self.tables.set(a, b - a + 1);
+        }
+    }
+
+    /// Whether the PMD at `addr` may hold a page table.
+    pub(crate) fn has_table(&self, addr: usize) -> bool {
+        self.tables.is_claimed(self.index(addr))
+    }
+
+    /// Whether the program asked for huge pages in the PMD at `addr`.
+    pub(crate) fn wants_huge(&self, addr: usize) -> bool {
+        self.huge.is_claimed(self.index(addr))
+    }
+
+    /// Sets or clears the advice of the whole PMDs `[a, b)` (PMD aligned, `a < b`).
+    pub(crate) fn set_huge(&self, a: usize, b: usize, on: bool) {
+        let (first, n) = (self.index(a), ((b - a) / PMD_SIZE) as u64);
+        if on {
+            self.huge.set(first, n);
+        } else {
+            self.huge.clear(first, n);
+        }
+    }
+
+    /// Whole PMDs from `at` that may take huge pages: `at` on a PMD boundary, each PMD inside
+    /// `len` bytes and holding no table.
+    pub(crate) fn clear_run(&self, at: usize, len: usize) -> usize {
+        if at % PMD_SIZE != 0 {
+            return 0;
+        }
+        (0..len / PMD_SIZE)
+            .take_while(|i| !self.has_table(at + i * PMD_SIZE))
+            .count()
+    }
+
+    /// PMDs marked as possibly holding a table.
+    #[cfg(test)]
+    pub(crate) fn tables_count(&self) -> u64 {
+        self.tables.count()
+    }
+
+    /// Bytes of metadata mapped for the bits.
+    pub(crate) fn metadata_bytes(&self) -> usize {
+        self.tables.metadata_bytes() + self.huge.metadata_bytes()
+    }
+}
+
+impl<K: Kernel> Handler<'_, K> {
+    /// Whole PMDs `[dst, dst + len)` whose table bits are clear: huge pages moved from the huge
+    /// ring, or made by this thread when the ring is empty. Anything irregular (a page already
+    /// there, a refused move, no huge page to be had) marks the PMDs and ends in 4 KiB pages.
+    pub(crate) fn install_huge(&mut self, dst: usize, len: usize, range: &Range) -> Filled {
+        let pool = self.shared.pool.as_ref().expect("huge pages imply a pool");
+        let ring = pool.huge.as_ref().expect("huge pages imply a huge ring");
+        let (filled, clean) = self.fill_move(ring, dst, len);
+        let mut off = match filled {
+            Ok(()) if clean => {
+                Stats::add(&self.stats().huge_moves, (len / PMD_SIZE) as u64);
+                return Ok(());
+            }
+            Err(Stopped {
+                at,
+                why: Stop::RingEmpty,
+            }) if clean => at,
+            Ok(()) => return self.huge_fallback(dst, len, len, range),
+            Err(s) => return self.huge_fallback(dst, len, s.at, range),
+        };
+        Stats::add(&self.stats().huge_moves, (off / PMD_SIZE) as u64);
+        // The ring ran dry: prepare each remaining huge page here, as the kernel's own THP
+        // fault would, while the scrub refills the ring on the other CPU.
+        while off < len {
+            let advised = range.pmds.wants_huge(dst + off);
+            if let Err(s) = self.make_huge(dst + off, advised) {
+                return self.huge_fallback(dst, len, off + s.at, range);
+            }
+            off += PMD_SIZE;
+        }
+        Ok(())
+    }
+
+    /// Populates the staging PMD (one transparent huge page, zeroed by the kernel) and moves it
+    /// to `dst`. A stop's offset is the bytes moved. `advised`: the program asked for huge
+    /// pages there, so the kernel would have spent the time to make one: no rest after a slow
+    /// one (see [`STAGE_SLOW`]).
+    fn make_huge(&mut self, dst: usize, advised: bool) -> Filled {
+        let none = Err(Stopped {
+            at: 0,
+            why: Stop::NoHugePage,
+        });
+        let Some(stage) = self.stage else { return none };
+        if !advised && self.stage_rests_until.is_some_and(|t| Instant::now() < t) {
+            return none;
+        }
+        let addr = stage.as_ptr() as usize;
+        let t0 = Instant::now();
+        let populated = stage.populate();
+        if t0.elapsed() > STAGE_SLOW {
+            // Memory is fragmented (the kernel compacted to find a huge page, or gave up and
+            // populated 4 KiB pages): copying is cheaper on the faulting path for a while.
+            self.stage_rests_until = Some(Instant::now() + STAGE_REST);
+        }
+        if populated.is_err() {
+            return none;
+        }
+        // SAFETY: the staging area is the handler's own: nothing else reads or writes it, and
+        // its pages are zeroes the kernel just populated.
+        let mut p = self.note(unsafe { self.k.move_pages(dst, addr, PMD_SIZE) });
+        // EAGAIN without progress: an event is pending (mmap_changing); apply it and retry.
+        let mut retries = 0;
+        while p.done == 0 && p.errno == Some(Errno(libc::EAGAIN)) && retries < EVENT_RETRIES {
+            retries += 1;
+            self.drain_events();
+            // SAFETY: as above.
+            p = self.note(unsafe { self.k.move_pages(dst, addr, PMD_SIZE) });
+        }
+        Stats::add(&self.stats().pages_moved, (p.done / PAGE_SIZE) as u64);
+        if p.errno.is_none() && p.done == PMD_SIZE {
+            Stats::add(&self.stats().huge_made, 1);
+            return Ok(());
+        }
+        // Whatever stayed behind goes, so the next populate starts from an empty PMD.
+        let _ = mman::madvise(addr, PMD_SIZE, mman::MADV_DONTNEED);
+        Err(Stopped {
+            at: p.done,
+            why: p.errno.map_or(Stop::NoHugePage, Stop::Kernel),
+        })
+    }
+
+    /// A whole-PMD install went irregular at byte `off` of `[dst, dst + len)`: mark its PMDs
+    /// and install the rest with 4 KiB pages.
+    fn huge_fallback(&mut self, dst: usize, len: usize, off: usize, range: &Range) -> Filled {
+        Stats::add(&self.stats().huge_fallbacks, 1);
+        range.pmds.mark_tables(dst, len);
+        if off >= len {
+            return Ok(());
+        }
+        self.install_small(dst + off, len - off).map_err(|s| s.offset(off))
+    }
+}
