@@ -7,25 +7,19 @@
 //! max order 3); any other fault reset the order to 0. It stopped at the VMA end and at a page
 //! table boundary.
 //!
-//! In the kernel a fault costs ~1.7 µs, so a window of 8 cuts most of the overhead. Here each
-//! fault is a round trip through a handler thread, ~15 µs, and the cost per page of a window of
-//! W pages is about `15.5 µs / W + 76 ns` (shared/notes/uffd-facts.md). The defaults were chosen
-//! with `zerofault bench --mode engine --reps 7` on this project's 2-vCPU machine (ns per page of
-//! the faulting thread's wall time; runs drift ±20%, so read them as ratios):
-//! - **max order 11** (2048 pages, 8 MiB). On 1 GiB: max order 9 -> 155 ns, 10 -> 139,
-//!   11 -> 123, 12 -> 121, 13 -> 112. Past 11 the gain is under 10% while the window is also what
-//!   a sequential writer that stops may leave installed and unused (one window per stream), so
-//!   11 it is; `ZEROFAULT_MAX_ORDER` raises it for programs that only stream.
-//! - **start order 4, step 2** (16 pages, then x4 per hit: 16, 64, 256, 1024, 2048). On an
-//!   8 MiB region, where the ramp is most of the cost: the seed's start 0 / step 1 -> 441 ns,
-//!   0/2 -> 339, 2/1 -> 373, 4/1 -> 408, 4/2 -> 255, 6/2 -> 243. Start 6 is within noise of 4
-//!   but spends 64 pages on every first fault, so 4/2.
+//! Here each fault is a round trip through a handler thread (~15 µs, ten native faults), so
+//! the window starts larger and grows faster than the seed's, and goes further:
+//! - **max order 11** (2048 pages, 8 MiB): past it the gain is under 10%, and the window is also
+//!   what a writer that stops may leave unused (`ZEROFAULT_MAX_ORDER` raises it).
+//! - **start order 4, step 2** (16 pages, then ×4 per hit: 16, 64, 256, 1024, 2048): the ramp is
+//!   most of the cost on small regions.
 //! - **A miss installs one page** (order 0), as in the seed: a random fault costs no more memory
 //!   than a native one. A miss still opens a stream, so if the next fault follows it, the
 //!   window jumps straight to the start order.
-//! - **No stop at page-table boundaries.** The seed stopped there to keep one PTE page locked;
-//!   UFFDIO_MOVE takes those locks itself. Clipping windows at 2 MiB measured 146-155 ns against
-//!   119-131 without (1 GiB, two runs): four times the round trips (515 against 132).
+//! - **No stop at page-table boundaries**: UFFDIO_MOVE takes the PTE locks itself, and
+//!   clipping at 2 MiB quadrupled the round trips.
+//!
+//! The measurements behind each default are in docs/DESIGN.md.
 //!
 //! ## Streams
 //! The seed had one prediction per task. A thread that fills two arrays in the same region
