@@ -45,6 +45,20 @@ pub struct Range {
 }
 
 impl Range {
+    /// The range's invariants (checked in debug builds after each change of the table, as
+    /// mimalloc checks `mi_page_is_valid`): page aligned and not empty, inside the address
+    /// space, its page map exactly its pages and its PMD map exactly the PMDs it overlaps.
+    pub(crate) fn is_valid(&self) -> bool {
+        self.start % PAGE_SIZE == 0
+            && self.pages > 0
+            && (self.pages as usize)
+                .checked_mul(PAGE_SIZE)
+                .and_then(|b| self.start.checked_add(b))
+                .is_some()
+            && self.map.pages() == self.pages
+            && self.pmds.covers(self.start, self.pages)
+    }
+
     pub fn end(&self) -> usize {
         self.start + self.pages as usize * PAGE_SIZE
     }
@@ -83,6 +97,17 @@ struct Table {
 }
 
 impl Table {
+    /// The table's invariants: every range valid, keyed by its start, registered no later than
+    /// the table's sequence number, and no two overlapping. O(ranges): debug builds only.
+    fn is_valid(&self) -> bool {
+        let mut prev_end = 0;
+        self.by_start.iter().all(|(&start, r)| {
+            let ok = r.is_valid() && r.start == start && r.seq <= self.seq && start >= prev_end;
+            prev_end = r.end();
+            ok
+        })
+    }
+
     fn new_range(&mut self, start: usize, map: PageMap, pmds: PmdMap, owner: Option<u64>) -> Arc<Range> {
         self.next_id += 1;
         self.seq += 1;
@@ -142,6 +167,32 @@ impl Table {
     }
 }
 
+/// Write access to a [`Table`] that checks [`Table::is_valid`] when dropped (debug builds).
+struct Checked<'a>(std::sync::RwLockWriteGuard<'a, Table>);
+
+impl std::ops::Deref for Checked<'_> {
+    type Target = Table;
+    fn deref(&self) -> &Table {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Checked<'_> {
+    fn deref_mut(&mut self) -> &mut Table {
+        &mut self.0
+    }
+}
+
+impl Drop for Checked<'_> {
+    fn drop(&mut self) {
+        debug_assert!(
+            std::thread::panicking() || self.0.is_valid(),
+            "range table invalid: {:?}",
+            *self.0
+        );
+    }
+}
+
 /// The engine's registered ranges.
 #[derive(Debug, Default)]
 pub struct RangeTable {
@@ -153,8 +204,10 @@ impl RangeTable {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Table> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
+    /// The table for a change; in debug builds its invariants are checked when the change
+    /// is done (the guard drops).
+    fn write(&self) -> Checked<'_> {
+        Checked(self.inner.write().unwrap_or_else(|e| e.into_inner()))
     }
 
     /// The range containing `addr`.

@@ -137,6 +137,13 @@ impl PmdMap {
         self.tables.count()
     }
 
+    /// Whether the map covers exactly the PMDs of `pages` pages from `start` (see
+    /// [`Range::is_valid`]).
+    pub(crate) fn covers(&self, start: usize, pages: u64) -> bool {
+        let n = pmds_overlapped(start, pages);
+        self.base == start / PMD_SIZE && self.tables.pages() == n && self.huge.pages() == n
+    }
+
     /// Bytes of metadata mapped for the bits.
     pub(crate) fn metadata_bytes(&self) -> usize {
         self.tables.metadata_bytes() + self.huge.metadata_bytes()
