@@ -250,13 +250,15 @@ impl Arena {
         let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_NONE, true)?;
         // 4 KiB pages: the engine moves whole huge pages into whole PMDs of its windows itself,
         // and the kernel's own huge-page attempt on each fault would be wasted (~78 µs).
-        let _ = mman::madvise(base, len, mman::MADV_NOHUGEPAGE);
+        // SAFETY: our fresh reservation; advice changes no content.
+        let _ = unsafe { mman::madvise(base, len, mman::MADV_NOHUGEPAGE) };
         let pages = len / PAGE_SIZE;
         let live_len = pages.div_ceil(8).next_multiple_of(PAGE_SIZE);
         let live = match mman::map_private(live_len, true) {
             Ok(l) => l,
             Err(e) => {
-                let _ = mman::unmap(base, len);
+                // SAFETY: our fresh reservation, known to nobody.
+                let _ = unsafe { mman::unmap(base, len) };
                 return Err(e);
             }
         };
@@ -305,7 +307,8 @@ impl Arena {
         let first = self.free.with(|f| f.take(pages))?;
         let block = self.base + first as usize * PAGE_SIZE;
         let bytes = pages as usize * PAGE_SIZE;
-        if mman::protect(block, bytes, libc::PROT_READ | libc::PROT_WRITE).is_err() {
+        // SAFETY: free pages of the arena, just taken off the free list: nobody else has them.
+        if unsafe { mman::protect(block, bytes, libc::PROT_READ | libc::PROT_WRITE) }.is_err() {
             // Out of VMAs or memory: the pages are still zero and PROT_NONE.
             self.free.with(|f| f.give(first, pages));
             return None;
@@ -353,16 +356,24 @@ impl Arena {
         if w.fetch_and(!bit, AcqRel) & bit == 0 {
             return Err(Invalid); // another thread freed it first
         }
-        self.release(h.first, h.pages);
+        // SAFETY: the block's pages; its live bit was ours to clear, so its owner freed it.
+        unsafe { self.release(h.first, h.pages) };
         Ok(())
     }
 
     /// Returns pages `[first, first + pages)` to the free list, zero and `PROT_NONE`.
-    fn release(&self, first: u64, pages: u64) {
+    ///
+    /// # Safety
+    /// The pages are allocated from this arena and their owner gives them up: nothing touches
+    /// them again.
+    unsafe fn release(&self, first: u64, pages: u64) {
         let addr = self.base + first as usize * PAGE_SIZE;
         let bytes = pages as usize * PAGE_SIZE;
-        discard(addr, bytes);
-        let _ = mman::protect(addr, bytes, libc::PROT_NONE);
+        // SAFETY: the caller's contract.
+        unsafe {
+            discard(addr, bytes);
+            let _ = mman::protect(addr, bytes, libc::PROT_NONE);
+        }
         self.free.with(|f| f.give(first, pages));
     }
 
@@ -378,7 +389,8 @@ impl Arena {
         }
         let tail = self.base + end as usize * PAGE_SIZE;
         let bytes = extra as usize * PAGE_SIZE;
-        if mman::protect(tail, bytes, libc::PROT_READ | libc::PROT_WRITE).is_err() {
+        // SAFETY: free pages just taken off the free list: nobody else has them.
+        if unsafe { mman::protect(tail, bytes, libc::PROT_READ | libc::PROT_WRITE) }.is_err() {
             self.free.with(|f| f.give(end, extra));
             return None;
         }
@@ -410,7 +422,8 @@ impl Arena {
         };
         // SAFETY: the header of a live block of ours, read-write.
         unsafe { ((p - HEADER) as *mut Header).write(n) };
-        self.release(h.first + keep, spare);
+        // SAFETY: the block's pages past what it keeps, which its owner gives up by shrinking.
+        unsafe { self.release(h.first + keep, spare) };
     }
 
     /// Calls `f(addr, len)` for every free extent (to unlock them after `mlockall`).
@@ -445,12 +458,17 @@ impl Arena {
 /// Makes `[addr, addr + len)` (read-write, ours) read zero with no memory behind it: discarded
 /// by `MADV_DONTNEED`; if the kernel refuses (an `mlock`ed range), unlocked and discarded; if
 /// that fails too, written with zeros.
-fn discard(addr: usize, len: usize) {
-    if mman::madvise(addr, len, mman::MADV_DONTNEED).is_ok() {
+///
+/// # Safety
+/// The range is the arena's, read-write, and given up by its owner.
+unsafe fn discard(addr: usize, len: usize) {
+    // SAFETY: the caller's contract.
+    if unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }.is_ok() {
         return;
     }
     let _ = mman::munlock(addr, len);
-    if mman::madvise(addr, len, mman::MADV_DONTNEED).is_ok() {
+    // SAFETY: as above.
+    if unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }.is_ok() {
         return;
     }
     // SAFETY: the range is ours and read-write (it is made PROT_NONE only after this).

@@ -15,7 +15,8 @@ pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
     let Ok(p) = mman::map_private(len, false) else {
         return std::ptr::null_mut();
     };
-    let _ = mman::madvise(p, len, mman::MADV_NOHUGEPAGE);
+    // SAFETY: our fresh mapping; advice changes no content.
+    let _ = unsafe { mman::madvise(p, len, mman::MADV_NOHUGEPAGE) };
     let Some(_g) = enter() else { return p as *mut c_void };
     let _q = Quiet::new();
     if let Some(e) = state::engine() {

@@ -129,7 +129,17 @@ impl Shared {
     /// only records it (so that an owning Region still unmaps it). `fresh`: no page of it was
     /// ever touched; otherwise every PMD of it may hold a page table (no huge page is moved
     /// there).
-    pub(crate) fn register_range(&self, addr: usize, len: usize, owner: Option<u64>, fresh: bool) -> io::Result<()> {
+    ///
+    /// # Safety
+    /// As [`Uffd::register`]: anonymous private memory whose missing pages this engine serves
+    /// from now on.
+    pub(crate) unsafe fn register_range(
+        &self,
+        addr: usize,
+        len: usize,
+        owner: Option<u64>,
+        fresh: bool,
+    ) -> io::Result<()> {
         let _reg = self.reg_lock();
         let r = self.ranges.insert(addr, (len / PAGE_SIZE) as u64, owner);
         if !fresh {
@@ -137,7 +147,8 @@ impl Shared {
         }
         let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
         if let Some(u) = uffd.as_ref() {
-            if let Err(e) = u.register(addr, len) {
+            // SAFETY: this function's contract.
+            if let Err(e) = unsafe { u.register(addr, len) } {
                 self.ranges.remove(&r);
                 return Err(e.into());
             }
@@ -191,8 +202,11 @@ impl Engine {
         let uffd = Uffd::open().map_err(EngineError::Uffd)?;
         let features = uffd.features();
         let doorbell = mman::map_aligned(PAGE_SIZE, PAGE_SIZE, libc::PROT_NONE, true).map_err(EngineError::Map)?;
-        if let Err(e) = uffd.register(doorbell, PAGE_SIZE) {
-            let _ = mman::unmap(doorbell, PAGE_SIZE);
+        // SAFETY: the doorbell is our own fresh page; its one fault is answered by the handler
+        // (or, the descriptor closed, by the kernel).
+        if let Err(e) = unsafe { uffd.register(doorbell, PAGE_SIZE) } {
+            // SAFETY: our own page, known to nobody yet.
+            let _ = unsafe { mman::unmap(doorbell, PAGE_SIZE) };
             return Err(EngineError::Register(e.into()));
         }
         let pool = if opts.pool && features.has(Features::MOVE) {
@@ -204,7 +218,8 @@ impl Engine {
         let stage = match pool.as_ref().filter(|p| p.huge.is_some()) {
             Some(_) => {
                 let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(EngineError::Map)?;
-                let _ = mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK);
+                // SAFETY: the staging area is ours; a forked child has no use for it.
+                let _ = unsafe { mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK) };
                 Some(m)
             }
             None => None,
@@ -260,10 +275,13 @@ impl Engine {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
         let addr =
             mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, false).map_err(EngineError::Map)?;
-        let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
+        // SAFETY: a fresh mapping of ours; huge-page advice changes no content.
+        let _ = unsafe { mman::madvise(addr, len, mman::MADV_NOHUGEPAGE) };
         let id = self.shared.next_region.fetch_add(1, Relaxed);
-        if let Err(e) = self.shared.register_range(addr, len, Some(id), true) {
-            let _ = mman::unmap(addr, len);
+        // SAFETY: a fresh anonymous private mapping of ours, served by this engine from now on.
+        if let Err(e) = unsafe { self.shared.register_range(addr, len, Some(id), true) } {
+            // SAFETY: ours, and no Region was made for it.
+            let _ = unsafe { mman::unmap(addr, len) };
             return Err(EngineError::Register(e));
         }
         Ok(Region {
@@ -289,9 +307,8 @@ impl Engine {
             return Err(EngineError::Unaligned { addr, len });
         }
         let id = self.shared.next_region.fetch_add(1, Relaxed);
-        self.shared
-            .register_range(addr, len, Some(id), false)
-            .map_err(EngineError::Register)?;
+        // SAFETY: this function's contract.
+        unsafe { self.shared.register_range(addr, len, Some(id), false) }.map_err(EngineError::Register)?;
         Ok(Region {
             shared: self.shared.clone(),
             id,
@@ -332,7 +349,9 @@ impl Engine {
         // nothing closes it twice.
         if let Ok(g) = self.shared.uffd.try_read() {
             if let Some(u) = g.as_ref() {
-                sys::thread::close_fd(u.raw_fd());
+                // SAFETY: the engine is leaked right after (see above): nothing closes or uses
+                // the child's copy of the descriptor again.
+                unsafe { sys::thread::close_fd(u.raw_fd()) };
             }
         }
     }
@@ -350,9 +369,8 @@ impl Engine {
         if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
             return Err(EngineError::Unaligned { addr, len });
         }
-        self.shared
-            .register_range(addr, len, None, fresh)
-            .map_err(EngineError::Register)
+        // SAFETY: this function's contract.
+        unsafe { self.shared.register_range(addr, len, None, fresh) }.map_err(EngineError::Register)
     }
 
     /// Hands `[addr, addr + len)` back to the kernel: unregistered and forgotten. Pages already
@@ -429,7 +447,9 @@ impl Engine {
     /// copies instead of moving.
     pub fn before_mlockall(&self) {
         for (a, l) in self.rw_reservations() {
-            let _ = mman::protect(a, l, libc::PROT_NONE);
+            // SAFETY: the engine's own reservations; the handler copies instead of moving
+            // until after_mlockall (see above), so nothing reads them meanwhile.
+            let _ = unsafe { mman::protect(a, l, libc::PROT_NONE) };
         }
     }
 
@@ -440,7 +460,8 @@ impl Engine {
             let _ = mman::munlock(a, l);
         }
         for (a, l) in self.rw_reservations() {
-            let _ = mman::protect(a, l, libc::PROT_READ | libc::PROT_WRITE);
+            // SAFETY: the engine's own reservations, given their protection back.
+            let _ = unsafe { mman::protect(a, l, libc::PROT_READ | libc::PROT_WRITE) };
         }
     }
 
@@ -522,7 +543,8 @@ impl Drop for Engine {
         if self.handler.is_some() {
             // The handler answers this read's fault and then sees `stopping`; with the
             // userfaultfd already closed (failed open) the kernel answers it.
-            let _ = mman::protect(self.shared.doorbell, PAGE_SIZE, libc::PROT_READ);
+            // SAFETY: the doorbell is the engine's own page, read only below.
+            let _ = unsafe { mman::protect(self.shared.doorbell, PAGE_SIZE, libc::PROT_READ) };
             // SAFETY: the doorbell is our own mapped page, readable now; reading it maps the
             // zero page.
             unsafe { std::ptr::read_volatile(self.shared.doorbell as *const u8) };
@@ -536,7 +558,8 @@ impl Drop for Engine {
         if let Some(p) = &self.shared.pool {
             p.release_all();
         }
-        let _ = mman::unmap(self.shared.doorbell, PAGE_SIZE);
+        // SAFETY: the doorbell is the engine's own page; both threads are joined.
+        let _ = unsafe { mman::unmap(self.shared.doorbell, PAGE_SIZE) };
     }
 }
 

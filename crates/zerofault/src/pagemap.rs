@@ -164,7 +164,8 @@ impl PageMap {
                 Ok(addr) => {
                     // A directory of 2 MiB or more (ranges from 32 TiB) must not get huge pages:
                     // one slot written would make 2 MiB resident.
-                    let _ = mman::madvise(addr, bytes, mman::MADV_NOHUGEPAGE);
+                    // SAFETY: our fresh mapping; advice changes no content.
+                    let _ = unsafe { mman::madvise(addr, bytes, mman::MADV_NOHUGEPAGE) };
                     (Kind::Mapped, addr, bytes)
                 }
                 Err(_) => (Kind::Lost, 0, 0),
@@ -241,11 +242,13 @@ impl PageMap {
         if arena == 0 {
             let len = self.arena_bytes();
             let new = mman::map_private(len, true).ok()?;
-            let _ = mman::madvise(new, len, mman::MADV_NOHUGEPAGE);
+            // SAFETY: our fresh mapping; advice changes no content.
+            let _ = unsafe { mman::madvise(new, len, mman::MADV_NOHUGEPAGE) };
             arena = match self.arena.compare_exchange(0, new, AcqRel, Acquire) {
                 Ok(_) => new,
                 Err(theirs) => {
-                    let _ = mman::unmap(new, len);
+                    // SAFETY: our fresh mapping, which lost the race: nobody saw it.
+                    let _ = unsafe { mman::unmap(new, len) };
                     theirs
                 }
             };
@@ -416,10 +419,12 @@ impl Drop for PageMap {
     fn drop(&mut self) {
         let arena = *self.arena.get_mut();
         if arena != 0 {
-            let _ = mman::unmap(arena, self.arena_bytes());
+            // SAFETY: the map's own arena, and the map is dropped (`&mut self`).
+            let _ = unsafe { mman::unmap(arena, self.arena_bytes()) };
         }
         if self.dir != 0 {
-            let _ = mman::unmap(self.dir, self.dir_bytes);
+            // SAFETY: as above, for its directory.
+            let _ = unsafe { mman::unmap(self.dir, self.dir_bytes) };
         }
     }
 }

@@ -103,9 +103,13 @@ impl Ring {
         } else {
             mman::MADV_NOHUGEPAGE
         };
-        let advise = mman::madvise(base, len, thp).and_then(|_| mman::madvise(base, len, mman::MADV_DONTFORK));
+        // SAFETY: the ring's fresh mapping, known to nobody yet: advice changes no content,
+        // and a forked child has no use for the pool.
+        let advise =
+            unsafe { mman::madvise(base, len, thp).and_then(|_| mman::madvise(base, len, mman::MADV_DONTFORK)) };
         if let Err(e) = advise {
-            let _ = mman::unmap(base, len);
+            // SAFETY: as above.
+            let _ = unsafe { mman::unmap(base, len) };
             return Err(e);
         }
         Ok(Ring {
@@ -222,14 +226,18 @@ impl Ring {
     /// until the last region lets go of the shared state).
     pub fn release_all(&self) {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let _ = mman::madvise(self.base, self.pages as usize * PAGE_SIZE, mman::MADV_DONTNEED);
+        // SAFETY: the ring's own memory. Under the fill lock no producer writes it, and after
+        // head = tail below no consumer takes a run of it; a run taken before is moved out
+        // already (the kernel refuses to move a discarded page: ENOENT, a hole).
+        let _ = unsafe { mman::madvise(self.base, self.pages as usize * PAGE_SIZE, mman::MADV_DONTNEED) };
         self.head.0.store(self.tail.0.load(Acquire), Release);
     }
 }
 
 impl Drop for Ring {
     fn drop(&mut self) {
-        let _ = mman::unmap(self.base, self.pages as usize * PAGE_SIZE);
+        // SAFETY: the ring's own memory, and the ring is dropped.
+        let _ = unsafe { mman::unmap(self.base, self.pages as usize * PAGE_SIZE) };
     }
 }
 

@@ -377,7 +377,9 @@ impl Region {
     /// by the engine again.
     pub fn discard(&mut self, offset: usize, len: usize) -> std::io::Result<()> {
         let (addr, len) = self.check(offset, len)?;
-        mman::madvise(addr, len, mman::MADV_DONTNEED)
+        // SAFETY: inside the region (checked), which `&mut self` holds alone; discarding its
+        // pages is what the caller asked for.
+        unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }
     }
 
     /// Unmaps part of the region and maps fresh anonymous memory in its place, registered
@@ -385,9 +387,14 @@ impl Region {
     /// The engine sees UNMAP and serves the new pages afresh (they read zero).
     pub fn replace(&mut self, offset: usize, len: usize) -> std::io::Result<()> {
         let (addr, len) = self.check(offset, len)?;
-        mman::map_fixed(addr, len)?;
-        let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
-        self.shared.register_range(addr, len, Some(self.id), true)
+        // SAFETY: inside the region (checked), which `&mut self` holds alone; replacing its
+        // pages with fresh ones is what the caller asked for, and the fresh mapping is
+        // registered with this engine again.
+        unsafe {
+            mman::map_fixed(addr, len)?;
+            let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
+            self.shared.register_range(addr, len, Some(self.id), true)
+        }
     }
 }
 
@@ -402,7 +409,8 @@ impl Drop for Region {
                 if let Some(u) = uffd.as_ref() {
                     let _ = u.unregister(r.start, r.end() - r.start);
                 }
-                let _ = mman::unmap(r.start, r.end() - r.start);
+                // SAFETY: the engine mapped this Region (`owned`), and the Region is dropped.
+                let _ = unsafe { mman::unmap(r.start, r.end() - r.start) };
             }
         } else if let Some(u) = uffd.as_ref() {
             for r in &pieces {

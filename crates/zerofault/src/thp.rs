@@ -224,7 +224,8 @@ impl<K: Kernel> Handler<'_, K> {
             return Ok(());
         }
         // Whatever stayed behind goes, so the next populate starts from an empty PMD.
-        let _ = mman::madvise(addr, PMD_SIZE, mman::MADV_DONTNEED);
+        // SAFETY: the staging area is the handler's own.
+        let _ = unsafe { mman::madvise(addr, PMD_SIZE, mman::MADV_DONTNEED) };
         Err(Stopped {
             at: p.done,
             why: p.errno.map_or(Stop::NoHugePage, Stop::Kernel),

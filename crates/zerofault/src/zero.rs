@@ -30,7 +30,8 @@ impl ZeroSource {
         let len = Self::LEN;
         let addr = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ, true)?;
         // 4 KiB zero pages, not the huge zero page: one 4 KiB frame stays hot in cache.
-        let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
+        // SAFETY: a fresh mapping of ours; huge-page advice changes no content.
+        let _ = unsafe { mman::madvise(addr, len, mman::MADV_NOHUGEPAGE) };
         let z = ZeroSource { addr, len };
         // Map the zero page everywhere now, so that no copy takes a fault on its source.
         let pages = z.as_slice();
@@ -59,7 +60,8 @@ impl ZeroSource {
 
 impl Drop for ZeroSource {
     fn drop(&mut self) {
-        let _ = mman::unmap(self.addr, self.len);
+        // SAFETY: the source is ours, and dropped (copies borrow it through `&self`).
+        let _ = unsafe { mman::unmap(self.addr, self.len) };
     }
 }
 

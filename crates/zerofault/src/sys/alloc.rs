@@ -278,7 +278,8 @@ fn new_chunk(class: usize) -> Option<usize> {
     let chunk = mman::map_aligned(CHUNK, CHUNK, libc::PROT_READ | libc::PROT_WRITE, false).ok()?;
     // Engine metadata is small: never a 2 MiB page for it, even where neighbouring chunks
     // would cover one. Advice only; a refusal changes nothing.
-    let _ = mman::madvise(chunk, CHUNK, mman::MADV_NOHUGEPAGE);
+    // SAFETY: the chunk is our fresh mapping; huge-page advice changes no content.
+    let _ = unsafe { mman::madvise(chunk, CHUNK, mman::MADV_NOHUGEPAGE) };
     // SAFETY: the chunk is our fresh read-write mapping, aligned, larger than the header.
     unsafe { (chunk as *mut ChunkHeader).write(ChunkHeader { magic: MAGIC, class }) };
     CHUNKS.fetch_add(1, Relaxed);
@@ -365,9 +366,14 @@ fn direct_alloc(size: usize, align: usize) -> usize {
     }
 }
 
-fn direct_free(p: usize, size: usize) {
+/// Unmaps the direct mapping at `p` of a block of `size` bytes.
+///
+/// # Safety
+/// `p` is a live direct mapping of this allocator for `size` bytes, freed by its owner.
+unsafe fn direct_free(p: usize, size: usize) {
     let Some(len) = direct_len(size) else { return };
-    if mman::unmap(p, len).is_ok() {
+    // SAFETY: the caller's contract.
+    if unsafe { mman::unmap(p, len) }.is_ok() {
         DIRECT_MAPS.fetch_sub(1, Relaxed);
         DIRECT_BYTES.fetch_sub(len, Relaxed);
     }
@@ -392,12 +398,16 @@ unsafe fn mremap(
 /// Resizes the direct mapping at `p` from `old_len` to `new_len` bytes (page multiples),
 /// keeping its contents and its alignment to `align` (at least [`CHUNK`]). Returns its address
 /// (`p` unless it moved), or 0 with the old mapping intact.
-fn direct_resize(p: usize, old_len: usize, new_len: usize, align: usize) -> usize {
+///
+/// # Safety
+/// `p` is a live direct mapping of this allocator of `old_len` bytes, whose owner resizes it.
+unsafe fn direct_resize(p: usize, old_len: usize, new_len: usize, align: usize) -> usize {
     if new_len == old_len {
         return p;
     }
     if new_len < old_len {
-        if mman::unmap(p + new_len, old_len - new_len).is_err() {
+        // SAFETY: the tail of the caller's mapping, which it gives up.
+        if unsafe { mman::unmap(p + new_len, old_len - new_len) }.is_err() {
             return 0;
         }
         DIRECT_BYTES.fetch_sub(old_len - new_len, Relaxed);
@@ -422,7 +432,8 @@ fn direct_resize(p: usize, old_len: usize, new_len: usize, align: usize) -> usiz
             to
         }
         Err(_) => {
-            let _ = mman::unmap(to, new_len);
+            // SAFETY: the reservation made above for the move, which failed.
+            let _ = unsafe { mman::unmap(to, new_len) };
             0
         }
     }
@@ -455,7 +466,9 @@ unsafe impl GlobalAlloc for EngineAlloc {
             return;
         }
         if p % CHUNK == 0 {
-            direct_free(p, layout.size());
+            // SAFETY: a chunk-aligned block is a direct mapping of `layout.size()` bytes
+            // (GlobalAlloc's contract: `ptr` came from this allocator with `layout`).
+            unsafe { direct_free(p, layout.size()) };
         } else {
             small_free(p);
         }
@@ -484,10 +497,13 @@ unsafe impl GlobalAlloc for EngineAlloc {
             // SAFETY: both blocks are ours and disjoint; the old one holds `layout.size()`
             // bytes, the new one `new_size`.
             unsafe { ptr::copy_nonoverlapping(ptr, q as *mut u8, layout.size().min(new_size)) };
-            direct_free(p, layout.size());
+            // SAFETY: `p` is a direct mapping of `layout.size()` bytes (chunk aligned), copied
+            // out above.
+            unsafe { direct_free(p, layout.size()) };
             return q as *mut u8;
         }
-        direct_resize(p, old_len, new_len, align) as *mut u8
+        // SAFETY: as above; GlobalAlloc's contract gives the block to this call.
+        unsafe { direct_resize(p, old_len, new_len, align) as *mut u8 }
     }
 }
 
@@ -772,7 +788,8 @@ mod tests {
         free(q, layout(2 << 20, 8));
         if let Ok(b) = blocker {
             if b == after {
-                mman::unmap(b, PAGE_SIZE).unwrap();
+                // SAFETY: the test's own blocker page.
+                unsafe { mman::unmap(b, PAGE_SIZE) }.unwrap();
             }
         }
     }

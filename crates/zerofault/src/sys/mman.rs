@@ -72,15 +72,20 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
     let base = unsafe { sys_mmap(hint, total, libc::PROT_NONE, flags) }?;
     let start = (base + align - 1) & !(align - 1);
     if start > base {
-        unmap(base, start - base)?;
+        // SAFETY: (so for the unmaps and the protect below) `[base, base + total)` is the
+        // mapping just made, which nobody else knows of yet.
+        unsafe { unmap(base, start - base) }?;
     }
     let tail = base + total - (start + len);
     if tail > 0 {
-        unmap(start + len, tail)?;
+        // SAFETY: as above.
+        unsafe { unmap(start + len, tail) }?;
     }
     let _ = munlock(start, len);
-    if let Err(e) = protect(start, len, prot) {
-        let _ = unmap(start, len);
+    // SAFETY: as above.
+    if let Err(e) = unsafe { protect(start, len, prot) } {
+        // SAFETY: as above.
+        let _ = unsafe { unmap(start, len) };
         return Err(e);
     }
     Ok(start)
@@ -92,9 +97,13 @@ pub fn map_private(len: usize, noreserve: bool) -> io::Result<usize> {
     map_aligned(len, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE, noreserve)
 }
 
-/// mprotect(2) on a range the caller owns.
-pub fn protect(addr: usize, len: usize, prot: libc::c_int) -> io::Result<()> {
-    // SAFETY: changes the protection of a page-aligned range the caller owns.
+/// mprotect(2).
+///
+/// # Safety
+/// The caller owns `[addr, addr + len)`: nobody else relies on its protection (a read of a
+/// page made `PROT_NONE` would fault).
+pub unsafe fn protect(addr: usize, len: usize, prot: libc::c_int) -> io::Result<()> {
+    // SAFETY: the caller owns the range; mprotect touches nothing outside it.
     unsafe { raw::call(libc::SYS_mprotect, [addr, len, prot as usize, 0, 0, 0]) }?;
     Ok(())
 }
@@ -116,7 +125,10 @@ pub fn munlock(addr: usize, len: usize) -> io::Result<()> {
 
 /// Maps fresh anonymous private read-write memory over `[addr, addr + len)`, replacing what
 /// was there (`MAP_FIXED`), as one atomic step: no other thread can map in between.
-pub fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
+///
+/// # Safety
+/// The caller owns `[addr, addr + len)` and wants its contents replaced by zero pages.
+pub unsafe fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the range and wants its contents replaced by zero pages; MAP_FIXED
     // affects only `[addr, addr + len)`.
     unsafe {
@@ -131,18 +143,25 @@ pub fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
 }
 
 /// Unmaps `[addr, addr + len)`.
-pub fn unmap(addr: usize, len: usize) -> io::Result<()> {
-    // SAFETY: callers own the range (they mapped it, or the program handed it to us to drop);
-    // munmap of page-aligned ranges cannot corrupt memory outside it.
+///
+/// # Safety
+/// The caller owns the range (it mapped it, or the program handed it over to drop) and nothing
+/// will touch it again.
+pub unsafe fn unmap(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: the caller owns the range; munmap of a page-aligned range cannot corrupt memory
+    // outside it.
     unsafe { raw::call(libc::SYS_munmap, [addr, len, 0, 0, 0, 0]) }?;
     Ok(())
 }
 
-/// madvise(2) on a range the caller owns.
-pub fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
-    // SAFETY: advice on a page-aligned range the caller owns; the advices used by the engine
-    // (NOHUGEPAGE, DONTFORK, POPULATE_WRITE, DONTNEED on its own pool) never touch memory the
-    // caller does not own.
+/// madvise(2).
+///
+/// # Safety
+/// The caller owns `[addr, addr + len)`. `MADV_DONTNEED` discards its contents (they read
+/// zero afterwards) and `MADV_DONTFORK` leaves it out of a forked child: both must be what its
+/// owner wants.
+pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
+    // SAFETY: the caller owns the range; madvise touches nothing outside it.
     unsafe { raw::call(libc::SYS_madvise, [addr, len, advice as usize, 0, 0, 0]) }?;
     Ok(())
 }
@@ -150,7 +169,9 @@ pub fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
 /// Allocates and zero-fills every page of the range now, writable (`MADV_POPULATE_WRITE`).
 /// The range must not be registered with a userfaultfd, or this would fault into ourselves.
 pub fn populate_write(addr: usize, len: usize) -> io::Result<()> {
-    madvise(addr, len, MADV_POPULATE_WRITE)
+    // SAFETY: populating changes no content: missing pages become zero pages, which is what
+    // they read as already; present pages stay as they are.
+    unsafe { madvise(addr, len, MADV_POPULATE_WRITE) }
 }
 
 /// The advices the engine uses, re-exported so that callers need no libc.
@@ -232,11 +253,13 @@ impl Mapping {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
         let addr = map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, false)?;
         let m = Mapping { addr, len };
-        match thp {
-            Thp::Never => madvise(addr, len, MADV_NOHUGEPAGE)?,
-            Thp::Always => madvise(addr, len, MADV_HUGEPAGE)?,
-            Thp::Default => {}
-        }
+        let advice = match thp {
+            Thp::Never => MADV_NOHUGEPAGE,
+            Thp::Always => MADV_HUGEPAGE,
+            Thp::Default => return Ok(m),
+        };
+        // SAFETY: the mapping is ours; huge-page advice changes no content.
+        unsafe { madvise(addr, len, advice) }?;
         Ok(m)
     }
 
@@ -260,6 +283,7 @@ impl Mapping {
 
 impl Drop for Mapping {
     fn drop(&mut self) {
-        let _ = unmap(self.addr, self.len);
+        // SAFETY: the mapping is ours, and dropped: nothing refers to it any more.
+        let _ = unsafe { unmap(self.addr, self.len) };
     }
 }

@@ -1,8 +1,26 @@
-//! The operating-system seam: every unsafe call of the engine lives below this module, each
-//! function stating its contract, each unsafe block its `// SAFETY:` argument.
+//! The operating-system seam: every system call of the engine is made below this module.
 //!
+//! The contract, stated once (mimalloc's `prim.h` is the model):
+//! - **No errno, no allocator, no lock of the program's.** Calls go through [`raw`], which
+//!   leaves the program's `errno` alone; nothing here calls the program's malloc (the engine's
+//!   own allocations come from [`alloc`], over raw mmap) or takes a lock the program's
+//!   allocator may hold.
+//! - **Failure is a value.** A call returns the kernel's answer: `Err(`[`raw::Errno`]`)`, an
+//!   `io::Error` made from it, or a [`uffd::Progress`] for the ioctls that stop part way. No
+//!   call panics on the kernel's answer, and none retries behind the caller's back.
+//! - **Pages.** Every address handed in is page aligned and every length a multiple of the
+//!   4 KiB page ([`crate::page`]).
+//! - **Memory that can break is `unsafe`.** A call that can change memory someone else may be
+//!   using (unmap, protect, map over, discard or give away pages, move or copy pages into
+//!   place, register a range for faults, close a descriptor) is an `unsafe fn`; its
+//!   `# Safety` says what the caller must own, and every call site says why it does. Calls
+//!   that only make new memory, read state, or change nothing a reader can see are safe.
+//! - **The engine's mappings are its own**: anonymous, private, never locked, placed in an
+//!   address zone of their own ([`mman`]).
+//!
+//! Modules:
 //! - [`uffd`]: userfaultfd(2) and its ioctls, including `UFFDIO_MOVE`.
-//! - [`mman`]: mmap, munmap, madvise, mincore.
+//! - [`mman`]: mmap, munmap, mprotect, madvise, mincore.
 //! - [`thread`]: the engine's own threads, poll, scheduling class, CPU time, load average.
 //! - [`raw`]: the system call itself, which leaves the program's `errno` alone.
 //! - [`alloc`]: the engine's own allocator over raw mmap ([`alloc::EngineAlloc`]), so that the

@@ -377,8 +377,10 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
         (PAGE_SIZE + STACK + tls + TCB + dtv_bytes + PAGE_SIZE + layout.dynamic_bytes()).next_multiple_of(PAGE_SIZE);
     let block = mman::map_private(len, true)?;
     // The lowest page is the stack's guard.
-    if let Err(e) = mman::protect(block, PAGE_SIZE, libc::PROT_NONE) {
-        let _ = mman::unmap(block, len);
+    // SAFETY: the block is our fresh mapping, unknown to anyone else yet.
+    if let Err(e) = unsafe { mman::protect(block, PAGE_SIZE, libc::PROT_NONE) } {
+        // SAFETY: as above.
+        let _ = unsafe { mman::unmap(block, len) };
         return Err(e);
     }
     let tp = (block + PAGE_SIZE + STACK + tls).next_multiple_of(layout.align);
@@ -446,7 +448,8 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
         let e = io::Error::last_os_error();
         // SAFETY: the thread was not created: the Box is still ours.
         drop(unsafe { Box::from_raw(arg as *mut Start) });
-        let _ = mman::unmap(block, len);
+        // SAFETY: no thread runs on the block.
+        let _ = unsafe { mman::unmap(block, len) };
         return Err(e);
     }
     Ok(EngineThread {
@@ -509,7 +512,9 @@ impl EngineThread {
                 )
             };
         }
-        let _ = mman::unmap(self.block, self.len);
+        // SAFETY: the thread has exited (the kernel cleared its tid word): nothing runs on
+        // its stack or reads its TLS any more.
+        let _ = unsafe { mman::unmap(self.block, self.len) };
     }
 }
 
@@ -615,7 +620,10 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 
 /// Closes a descriptor by number, for a copy that no owner will close (a forked child's copy
 /// of a descriptor whose owning object is leaked).
-pub fn close_fd(fd: RawFd) {
+///
+/// # Safety
+/// No live owner will use or close `fd` again.
+pub unsafe fn close_fd(fd: RawFd) {
     // SAFETY: the caller guarantees no live owner will use or close `fd` again.
     let _ = unsafe { raw::call(libc::SYS_close, [fd as usize, 0, 0, 0, 0, 0]) };
 }

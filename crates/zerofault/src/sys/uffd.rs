@@ -420,7 +420,11 @@ impl Uffd {
     }
 
     /// Registers `[start, start + len)` (page aligned) for missing-page faults.
-    pub fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
+    ///
+    /// # Safety
+    /// Anonymous private memory whose missing pages, from now on, only this descriptor's
+    /// handler installs: a fault there waits for it (or for the descriptor to close).
+    pub unsafe fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRegister {
             range: UffdioRange {
                 start: start as u64,
