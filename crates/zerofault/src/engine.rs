@@ -494,7 +494,7 @@ impl Engine {
     }
 
     /// Bytes mapped for the page-state maps of the registered ranges (directories and leaves,
-    /// see [`crate::pagemap`]): proportional to what was touched, not to what was registered.
+    /// see `pagemap.rs`): proportional to what was touched, not to what was registered.
     pub fn metadata_bytes(&self) -> usize {
         let ranges = self.shared.ranges.ranges();
         ranges

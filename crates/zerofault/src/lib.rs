@@ -18,15 +18,15 @@
 //! ## The life of a fault
 //! 1. A thread writes to a page of a [`Region`] that has no page yet. The kernel blocks it and
 //!    queues a message on the userfaultfd: address, read or write, thread id.
-//! 2. The handler thread ([`fault`]) reads it, finds the range ([`region`]) and asks that
-//!    thread's predictor ([`predict`]) for a window: 16 pages for a first fault, four times
+//! 2. The handler thread (`fault/`) reads it, finds the range (`region.rs`) and asks that
+//!    thread's predictor (`predict.rs`) for a window: 16 pages for a first fault, four times
 //!    more each time the fault lands where the last window ended, up to 2048 (stretched to end
 //!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
 //!    for a fault nobody predicted.
-//! 3. It claims the window in the range's page-state map ([`pagemap`]): one atomic `fetch_or`
+//! 3. It claims the window in the range's page-state map (`pagemap.rs`): one atomic `fetch_or`
 //!    per 64 pages. The bits it set are the pages it installs; bits already set belong to
 //!    someone else. So two handlers never install the same page, and no lock is taken.
-//! 4. For a write it takes ready pages from the pool ([`pool`]) and moves them with
+//! 4. For a write it takes ready pages from the pool (`pool.rs`) and moves them with
 //!    `UFFDIO_MOVE`. Every whole 2 MiB-aligned PMD of the window gets a transparent huge page
 //!    from the pool's huge ring, moved with one PMD update (~2 µs for 512 pages); the rest, and
 //!    always the PMD the fault landed in (the kernel gave it a page table before it asked us),
@@ -50,7 +50,7 @@
 //!    of 4 KiB pages (`MADV_NOHUGEPAGE`, a quarter of `pool_max`) and a huge one of 2 MiB
 //!    transparent huge pages (`MADV_HUGEPAGE`, the rest; `pool_thp=off` or THP `never` leaves
 //!    only the small one); at first no page exists.
-//! 2. Zeroed: the scrub thread ([`scrub`]), at `SCHED_IDLE`, populates 2 MiB at a time with
+//! 2. Zeroed: the scrub thread (`scrub.rs`), at `SCHED_IDLE`, populates 2 MiB at a time with
 //!    `MADV_POPULATE_WRITE`, into whichever ring is emptier, whenever the pool is below
 //!    `scrub_start`, until `scrub_stop`. The kernel zero-fills them there, off every critical
 //!    path (seed 003: zero cold pages, in bulk, on an idle CPU).
@@ -76,34 +76,34 @@
 //! through [`sys::raw`], which leaves the program's `errno` alone; its mappings are never
 //! locked or populated by a program's `mlockall`, and are asked for in an address zone of their
 //! own ([`sys::mman`]). Its metadata grows with what is touched, not with what is reserved
-//! ([`pagemap`]). Where the program asks for transparent huge pages (`MADV_HUGEPAGE`), the
+//! (`pagemap.rs`). Where the program asks for transparent huge pages (`MADV_HUGEPAGE`), the
 //! kernel tries one before it asks us, with the PMD still empty, and the engine then moves a
 //! whole huge page into each PMD of the window, from the PMD of the fault on.
 //!
 //! ## Where things are
 //! - [`Engine`] and the state its threads share, failing open, fork: `engine.rs`.
-//! - The life of a fault ([`fault`]): the handler thread's loop and dispatch
+//! - The life of a fault (`fault/`): the handler thread's loop and dispatch
 //!   (`fault/handler.rs`), locating a fault: range, claim, window (`fault/locate.rs`), and the
 //!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), behind the
-//!   [`fault::Kernel`] seam the unit tests fake (`fault/tests.rs`).
+//!   `Kernel` seam the unit tests fake (`fault/tests.rs`).
 //! - Whole-PMD placement, the PMD table map and the staging area: `thp.rs`. The prefault
-//!   window: [`predict`]. Giving random access back: `handback.rs`.
-//! - Per-page state ([`pagemap`]) and the registered ranges ([`region`]).
-//! - The pool's rings ([`pool`]), the scrub thread ([`scrub`]), where zero bytes come from
+//!   window: `predict.rs`. Giving random access back: `handback.rs`.
+//! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
+//! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
 //!   ([`zero`]).
 //! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters ([`stats`]), sizes ([`page`]).
 //! - Every unsafe system call: [`sys`].
 
 mod engine;
-pub mod fault;
+mod fault;
 mod handback;
 pub mod options;
 pub mod page;
-pub mod pagemap;
-pub mod pool;
-pub mod predict;
-pub mod region;
-pub mod scrub;
+mod pagemap;
+mod pool;
+mod predict;
+mod region;
+mod scrub;
 pub mod stats;
 pub mod sys;
 mod thp;

@@ -1,6 +1,6 @@
 //! The knobs: one table, read from `ZEROFAULT_<NAME>` environment variables.
 //!
-//! Each row of [`options!`] declares a knob's name, its kind (what it accepts), its default and
+//! Each row of the `options!` table declares a knob's name, its kind (what it accepts), its default and
 //! its documentation; the struct, the parser, the printed table and the README's list are all
 //! generated from it, so they never disagree. Booleans accept 1/true/yes/on and 0/false/no/off;
 //! sizes accept a byte count with an optional K, M or G (binary) suffix, at most [`MAX_SIZE`].

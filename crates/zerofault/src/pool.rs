@@ -128,6 +128,7 @@ impl Ring {
     }
 
     /// Whether this is the huge ring (whole 2 MiB chunks).
+    #[cfg(test)]
     pub fn is_huge(&self) -> bool {
         self.unit > 1
     }
@@ -205,6 +206,7 @@ impl Ring {
     }
 
     /// Populates until `target` pages are ready (capped at capacity), on the calling thread.
+    #[cfg(test)]
     pub fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
         fill_loop(
             target.min(self.pages),

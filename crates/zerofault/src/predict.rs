@@ -79,11 +79,13 @@ pub struct Predictor {
 }
 
 impl Predictor {
+    #[cfg(test)]
     pub fn new() -> Predictor {
         Predictor::default()
     }
 
     /// A fault on page `page` of a region whose pages end before `end`: the window to install.
+    #[cfg(test)]
     pub fn on_fault(&mut self, page: u64, end: u64, t: &Tuning) -> Window {
         self.on_fault_aligned(page, end, None, t)
     }

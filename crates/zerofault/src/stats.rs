@@ -1,6 +1,6 @@
 //! Counters, declared once.
 //!
-//! The [`counters!`] list below generates the live struct of relaxed atomics ([`Stats`]), the
+//! The `counters!` list below generates the live struct of relaxed atomics ([`Stats`]), the
 //! plain snapshot ([`Snapshot`]), its text form (one `name value` line each, like vmstat) and
 //! its JSON form. Counters are only ever added to; relaxed ordering is enough because nobody
 //! derives a decision from them, they are read for reporting.
