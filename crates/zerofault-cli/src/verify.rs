@@ -10,8 +10,8 @@
 
 use crate::args::{gib_bytes, gib_in, int_in, Spec};
 use crate::bench::shuffle;
+use zerofault::is_zero;
 use zerofault::sys::mman::PAGE_SIZE;
-use zerofault::zero::is_zero;
 use zerofault::{Engine, Options, Region, Snapshot};
 
 pub const SPEC: Spec = Spec {

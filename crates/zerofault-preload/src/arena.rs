@@ -23,7 +23,7 @@
 //! unlocked and discarded again, or, failing that too, written with zeros here. So a block
 //! handed out is zero, and `calloc` needs no memset: proved, never assumed.
 
-use engine::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use engine::os::mman::{self, PAGE_SIZE, PMD_SIZE};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 
@@ -549,7 +549,7 @@ mod tests {
         let p = a.alloc(8 << 20, 16, false).unwrap();
         // SAFETY: p is a live 8 MiB block of ours.
         let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, 8 << 20) };
-        assert!(engine::zero::is_zero(s));
+        assert!(engine::is_zero(s));
         s.fill(0x5a);
         assert_eq!(a.block(p).unwrap().usable, 8 << 20);
         a.free(p).unwrap();
@@ -559,7 +559,7 @@ mod tests {
         let q = a.alloc(8 << 20, 16, false).unwrap();
         assert_eq!(q, p, "first fit");
         // SAFETY: q is a live 8 MiB block of ours.
-        assert!(engine::zero::is_zero(unsafe {
+        assert!(engine::is_zero(unsafe {
             std::slice::from_raw_parts(q as *const u8, 8 << 20)
         }));
         assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64 - 2049);
@@ -579,7 +579,7 @@ mod tests {
         assert_eq!(q, p);
         // SAFETY: q is a live 4 MiB block of ours.
         let s = unsafe { std::slice::from_raw_parts(q as *const u8, 4 << 20) };
-        assert!(engine::zero::is_zero(s), "no secret from the locked block");
+        assert!(engine::is_zero(s), "no secret from the locked block");
         a.free(q).unwrap();
     }
 

@@ -1,7 +1,7 @@
 //! The C API (include/zerofault.h).
 
 use crate::state::{self, enter, Quiet};
-use engine::sys::mman::{self, PAGE_SIZE};
+use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_char, c_int, c_void, size_t};
 
 /// Maps `len` bytes (rounded up to pages) of anonymous memory served by the engine (started

@@ -12,14 +12,14 @@
 //! library's thread-locals are dynamic TLS, which glibc allocates with the program's malloc on a
 //! thread's first touch: no hook touches one on a program thread (the hooks' flags live in the
 //! front's static TLS; engine threads are known by their thread pointer, and get their own
-//! copy of every TLS block, see `engine::sys::thread`).
+//! copy of every TLS block, see `engine::os::thread`).
 //!
 //! # The rules: it lives inside other people's programs
 //! 1. **Nothing on a hook path or an engine thread calls the program's allocator, or takes a
 //!    lock the program's allocator may hold.** The program's malloc may be jemalloc calling
 //!    `mmap` with its own lock held; a hook that then allocated through it would deadlock.
 //!    Every Rust allocation in this library comes from the engine's own allocator over raw
-//!    `mmap` ([`engine::sys::alloc::EngineAlloc`], the global allocator here), the engine's
+//!    `mmap` ([`engine::os::alloc::EngineAlloc`], the global allocator here), the engine's
 //!    threads are made without `pthread_create` (which allocates with the program's `calloc`),
 //!    and the only locks a hook takes are the engine's and the arena's.
 //! 2. **Signals are the program's.** Engine threads start with every signal blocked, so a
@@ -75,7 +75,7 @@ pub use malloc::*;
 pub use mmap::*;
 
 #[global_allocator]
-static ALLOC: engine::sys::alloc::EngineAlloc = engine::sys::alloc::EngineAlloc;
+static ALLOC: engine::os::alloc::EngineAlloc = engine::os::alloc::EngineAlloc;
 
 #[cfg(test)]
 mod tests {

@@ -2,7 +2,7 @@
 
 use crate::next;
 use crate::state::{self, abort_invalid, arena, enter, threshold};
-use engine::sys::mman::PAGE_SIZE;
+use engine::os::mman::PAGE_SIZE;
 use libc::{c_int, c_void, size_t};
 
 /// A realloc that shrinks a block by at least this many pages gives them back.

@@ -5,7 +5,7 @@
 //! what the engine does afterwards runs under [`Quiet`] (errno kept, signals blocked).
 
 use crate::state::{self, arena, enter, threshold, Quiet};
-use engine::sys::mman::{self, PAGE_SIZE};
+use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_int, c_void, off_t, size_t};
 
 /// Whether `flags` make anonymous private memory the engine may serve.

@@ -6,9 +6,9 @@
 
 use crate::arena::Arena;
 use crate::next;
-use engine::stats::Stats;
-use engine::sys::mman::{PAGE_SIZE, PMD_SIZE};
-use engine::sys::raw;
+use engine::os::mman::{PAGE_SIZE, PMD_SIZE};
+use engine::os::raw;
+use engine::Stats;
 use engine::{Engine, Options};
 use libc::{c_char, c_void};
 use std::cell::Cell;
@@ -138,14 +138,14 @@ impl Drop for Guard {
 /// engine's locks held by the very thread it interrupted.
 pub struct Quiet {
     errno: i32,
-    _signals: engine::sys::thread::Blocked,
+    _signals: engine::os::thread::Blocked,
 }
 
 impl Quiet {
     pub fn new() -> Quiet {
         Quiet {
             errno: errno(),
-            _signals: engine::sys::thread::Blocked::all(),
+            _signals: engine::os::thread::Blocked::all(),
         }
     }
 }
@@ -316,7 +316,7 @@ fn start() {
     if lock_future() {
         e.pause_pool(true);
     }
-    THP_ALWAYS.store(engine::sys::mman::thp_always(), Release);
+    THP_ALWAYS.store(engine::os::mman::thp_always(), Release);
     ENGINE.store(Box::into_raw(Box::new(e)), Release);
     ENGINE_PID.store(getpid(), Release);
     STATE.store(READY, Release);
@@ -399,7 +399,7 @@ fn init_options() {
     }
     // Engine threads are made with clone(2) on TLS of their own; what they copy is read here,
     // where the dynamic loader's lock is safe to take.
-    if let Err(why) = engine::sys::thread::prepare() {
+    if let Err(why) = engine::os::thread::prepare() {
         if opts.stats {
             say(&format!("zerofault: {why}; running without the engine"));
         }
@@ -441,7 +441,7 @@ fn init_options() {
 }
 
 extern "C" fn fork_prepare() {
-    engine::sys::alloc::fork_prepare();
+    engine::os::alloc::fork_prepare();
     if let Some(a) = arena() {
         a.lock().lock();
     }
@@ -451,7 +451,7 @@ extern "C" fn fork_parent() {
     if let Some(a) = arena() {
         a.lock().unlock();
     }
-    engine::sys::alloc::fork_parent();
+    engine::os::alloc::fork_parent();
 }
 
 /// The child of a fork: the engine is the parent's (its threads are not here, its
@@ -462,8 +462,8 @@ extern "C" fn fork_child() {
     if let Some(a) = arena() {
         a.lock().unlock();
     }
-    engine::sys::alloc::fork_child();
-    engine::sys::thread::forget_engine_threads_after_fork();
+    engine::os::alloc::fork_child();
+    engine::os::thread::forget_engine_threads_after_fork();
     OWNER_PID.store(getpid(), Release);
     if STATE.load(Acquire) != READY {
         return;

@@ -90,7 +90,7 @@
 //!   window: `predict.rs`. Giving random access back: `handback.rs`.
 //! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
 //! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
-//!   ([`zero`]).
+//!   (`zero.rs`).
 //! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters ([`stats`]), sizes ([`page`]).
 //! - Every unsafe system call: [`sys`].
 
@@ -98,6 +98,7 @@ mod engine;
 mod fault;
 mod handback;
 pub mod options;
+pub mod os;
 pub mod page;
 mod pagemap;
 mod pool;
@@ -107,11 +108,12 @@ mod scrub;
 pub mod stats;
 pub mod sys;
 mod thp;
-pub mod zero;
+mod zero;
 
 pub(crate) use engine::Shared;
 pub use engine::{in_engine_thread, probe, Engine, EngineError};
 pub use options::{OptionError, Options};
 pub use region::Region;
-pub use stats::Snapshot;
+pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};
+pub use zero::is_zero;

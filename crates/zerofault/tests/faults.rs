@@ -8,8 +8,8 @@
 use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+use zerofault::is_zero;
 use zerofault::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
-use zerofault::zero::is_zero;
 use zerofault::{Engine, Options, Region};
 
 const MIB: usize = 1 << 20;
