@@ -40,7 +40,12 @@ pub enum EngineError {
     /// Starting the handler or scrub thread failed.
     Thread(io::Error),
     /// An address or length was not page aligned.
-    Unaligned { addr: usize, len: usize },
+    Unaligned {
+        /// The address asked for.
+        addr: usize,
+        /// The length asked for.
+        len: usize,
+    },
 }
 
 impl std::fmt::Display for EngineError {
@@ -69,7 +74,7 @@ impl From<OptionError> for EngineError {
 
 /// State shared by the engine handle, its threads and its regions.
 #[derive(Debug)]
-pub struct Shared {
+pub(crate) struct Shared {
     pub(crate) opts: Options,
     /// `None` once the engine failed open or was dropped: the kernel serves every fault.
     pub(crate) uffd: RwLock<Option<Uffd>>,

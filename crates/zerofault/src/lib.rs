@@ -94,6 +94,17 @@
 //! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters ([`stats`]), sizes ([`page`]).
 //! - Every unsafe system call: [`sys`].
 
+#![warn(
+    missing_docs,
+    unreachable_pub,
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    clippy::ptr_as_ptr
+)]
+
+#[cfg(not(target_pointer_width = "64"))]
+compile_error!("zerofault serves 64-bit Linux (x86-64, arm64) only");
+
 mod engine;
 mod fault;
 mod handback;

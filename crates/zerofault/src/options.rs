@@ -15,10 +15,13 @@ use crate::sys::mman::{PAGE_SIZE, PMD_SIZE};
 
 /// One kind of knob value: how it is parsed, shown, and described.
 pub trait Kind {
+    /// The parsed value.
     type Value: Clone + fmt::Debug + PartialEq;
     /// What the knob accepts, for error messages and the table ("an integer 0..=13").
     const ACCEPTS: &'static str;
+    /// Parses a value, or `None` when it is not one this kind accepts.
     fn parse(s: &str) -> Option<Self::Value>;
+    /// A value as the table shows it (and as `parse` accepts it back).
     fn show(v: &Self::Value) -> String;
 }
 
@@ -182,9 +185,13 @@ pub fn env_name(knob: &str) -> String {
 /// One row of the table, for printing.
 #[derive(Clone, Debug)]
 pub struct KnobInfo {
+    /// The knob's name (`max_order`; its variable is `ZEROFAULT_MAX_ORDER`).
     pub name: &'static str,
+    /// Its default value, as text.
     pub default: &'static str,
+    /// What it accepts, for messages and the table.
     pub accepts: &'static str,
+    /// What it does.
     pub doc: &'static str,
 }
 

@@ -11,7 +11,14 @@ pub const PMD_PAGES: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
 /// Bytes in `pages` pages.
 #[inline]
 pub const fn bytes(pages: u64) -> usize {
-    pages as usize * PAGE_SIZE
+    index(pages) * PAGE_SIZE
+}
+
+/// A page or PMD count (`u64`, as the page maps keep them) as an index or length.
+#[inline]
+#[allow(clippy::cast_possible_truncation, reason = "64-bit targets only (lib.rs)")]
+pub const fn index(n: u64) -> usize {
+    n as usize
 }
 
 /// Whole pages in `bytes` bytes (rounded down).

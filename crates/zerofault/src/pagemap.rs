@@ -68,6 +68,7 @@
 //! threads that race to make a leaf install the same address. Nothing is unpublished while the
 //! map is shared: only `Drop` (with `&mut self`) unmaps.
 
+use crate::page::index;
 use crate::sys::mman::{self, PAGE_SIZE};
 use std::sync::atomic::{
     AtomicU64, AtomicUsize,
@@ -77,15 +78,15 @@ use std::sync::atomic::{
 /// Words of bits in one leaf: one page of them.
 const LEAF_WORDS: u64 = (PAGE_SIZE / 8) as u64;
 /// Pages one leaf covers (32,768: 128 MiB of address space).
-pub const LEAF_PAGES: u64 = LEAF_WORDS * 64;
+pub(crate) const LEAF_PAGES: u64 = LEAF_WORDS * 64;
 /// Bytes of one leaf (one page of the arena).
 const LEAF_BYTES: usize = PAGE_SIZE;
 /// Words kept inside the map: bits of a small map, or the directory of a medium one.
-pub const INLINE_WORDS: usize = 16;
+pub(crate) const INLINE_WORDS: usize = 16;
 /// The largest map whose bits live inline (1024 pages, 4 MiB of range).
-pub const INLINE_PAGES: u64 = INLINE_WORDS as u64 * 64;
+pub(crate) const INLINE_PAGES: u64 = INLINE_WORDS as u64 * 64;
 
-type Leaf = [AtomicU64; LEAF_WORDS as usize];
+type Leaf = [AtomicU64; index(LEAF_WORDS)];
 
 /// Where the bits live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,7 +102,7 @@ enum Kind {
 }
 
 /// One bit per page, sparse (see the module documentation).
-pub struct PageMap {
+pub(crate) struct PageMap {
     pages: u64,
     kind: Kind,
     /// Address of the directory mapping (`Kind::Mapped`), else 0.
@@ -152,14 +153,14 @@ fn push_runs(runs: &mut Vec<(u64, u64)>, w: u64, mut new: u64) {
 }
 
 impl PageMap {
-    pub fn new(pages: u64) -> PageMap {
+    pub(crate) fn new(pages: u64) -> PageMap {
         let leaves = pages.div_ceil(LEAF_PAGES);
         let (kind, dir, dir_bytes) = if pages <= INLINE_PAGES {
             (Kind::Bits, 0, 0)
         } else if leaves <= INLINE_WORDS as u64 {
             (Kind::Inline, 0, 0)
         } else {
-            let bytes = (leaves as usize * 8).next_multiple_of(PAGE_SIZE);
+            let bytes = (index(leaves) * 8).next_multiple_of(PAGE_SIZE);
             match mman::map_private(bytes, true) {
                 Ok(addr) => {
                     // A directory of 2 MiB or more (ranges from 32 TiB) must not get huge pages:
@@ -184,17 +185,17 @@ impl PageMap {
 
     /// Bytes of the arena: one leaf's worth per leaf the map could have.
     fn arena_bytes(&self) -> usize {
-        self.pages.div_ceil(LEAF_PAGES) as usize * LEAF_BYTES
+        index(self.pages.div_ceil(LEAF_PAGES)) * LEAF_BYTES
     }
 
-    pub fn pages(&self) -> u64 {
+    pub(crate) fn pages(&self) -> u64 {
         self.pages
     }
 
     /// Bytes mapped for this map beyond the struct itself: the directory mapping (all of it,
     /// though only the pages holding a leaf's slot are resident) and the leaves made (the
     /// arena's other pages are address space, never touched).
-    pub fn metadata_bytes(&self) -> usize {
+    pub(crate) fn metadata_bytes(&self) -> usize {
         self.dir_bytes + self.leaves.load(Relaxed) * LEAF_BYTES
     }
 
@@ -202,14 +203,14 @@ impl PageMap {
     #[inline]
     fn slot(&self, leaf: u64) -> Option<&AtomicU64> {
         match self.kind {
-            Kind::Inline => Some(&self.inline[leaf as usize]),
+            Kind::Inline => Some(&self.inline[index(leaf)]),
             Kind::Mapped => {
-                debug_assert!((leaf as usize) < self.dir_bytes / 8);
+                debug_assert!(index(leaf) < self.dir_bytes / 8);
                 // SAFETY: `dir` is our live read-write mapping of `dir_bytes` bytes, page aligned,
                 // zero-filled by the kernel and written only through atomics, so every slot is a
                 // valid AtomicU64; `leaf` is below pages / LEAF_PAGES rounded up, which is within
                 // `dir_bytes / 8`. It is unmapped only in Drop, which holds `&mut self`.
-                Some(unsafe { &*(self.dir as *const AtomicU64).add(leaf as usize) })
+                Some(unsafe { &*(self.dir as *const AtomicU64).add(index(leaf)) })
             }
             Kind::Bits | Kind::Lost => None,
         }
@@ -231,7 +232,7 @@ impl PageMap {
         // and loaded with Acquire (see the module documentation), written only through atomics;
         // the arena is unmapped only in Drop, which holds `&mut self`, so it outlives this
         // borrow of `self`.
-        Some(unsafe { &*(addr as usize as *const Leaf) })
+        Some(unsafe { &*(index(addr) as *const Leaf) })
     }
 
     /// Installs leaf `leaf` in its `slot`, mapping the arena first if this is the map's first
@@ -253,7 +254,7 @@ impl PageMap {
                 }
             };
         }
-        let addr = (arena + leaf as usize * LEAF_BYTES) as u64;
+        let addr = (arena + index(leaf) * LEAF_BYTES) as u64;
         match slot.compare_exchange(0, addr, AcqRel, Acquire) {
             Ok(_) => {
                 self.leaves.fetch_add(1, Relaxed);
@@ -267,7 +268,7 @@ impl PageMap {
     #[inline]
     fn word(&self, w: u64, create: bool) -> Option<&AtomicU64> {
         if self.kind == Kind::Bits {
-            return Some(&self.inline[w as usize]);
+            return Some(&self.inline[index(w)]);
         }
         self.leaf(w / LEAF_WORDS, create).map(|l| &l[(w % LEAF_WORDS) as usize])
     }
@@ -285,7 +286,7 @@ impl PageMap {
             op(
                 w_first,
                 w_last - w_first + 1,
-                Some(&self.inline[w_first as usize..=w_last as usize]),
+                Some(&self.inline[index(w_first)..=index(w_last)]),
             );
             return;
         }
@@ -308,7 +309,7 @@ impl PageMap {
 
     /// Whether `page` is claimed.
     #[inline]
-    pub fn is_claimed(&self, page: u64) -> bool {
+    pub(crate) fn is_claimed(&self, page: u64) -> bool {
         if page >= self.pages {
             return false;
         }
@@ -318,7 +319,7 @@ impl PageMap {
 
     /// Claims every unclaimed page of `[first, first + n)`. Appends to `runs` the maximal runs
     /// `(first_page, pages)` that this call claimed, in ascending order.
-    pub fn claim(&self, first: u64, n: u64, runs: &mut Vec<(u64, u64)>) {
+    pub(crate) fn claim(&self, first: u64, n: u64, runs: &mut Vec<(u64, u64)>) {
         let (first, end) = self.clip(first, n);
         self.each_chunk(first, end, true, |w0, count, words| match words {
             Some(words) => {
@@ -337,7 +338,7 @@ impl PageMap {
     }
 
     /// Clears the bits of `[first, first + n)`; returns how many were set.
-    pub fn clear(&self, first: u64, n: u64) -> u64 {
+    pub(crate) fn clear(&self, first: u64, n: u64) -> u64 {
         let (first, end) = self.clip(first, n);
         let mut cleared = 0;
         self.each_chunk(first, end, false, |w0, _, words| {
@@ -354,7 +355,7 @@ impl PageMap {
     }
 
     /// Sets every bit of `[first, first + n)` (pages that are not ours to install).
-    pub fn set(&self, first: u64, n: u64) {
+    pub(crate) fn set(&self, first: u64, n: u64) {
         let (first, end) = self.clip(first, n);
         self.each_chunk(first, end, true, |w0, _, words| {
             for (w, word) in (w0..).zip(words.unwrap_or_default()) {
@@ -364,7 +365,7 @@ impl PageMap {
     }
 
     /// How many pages of `[first, first + n)` are claimed.
-    pub fn count_range(&self, first: u64, n: u64) -> u64 {
+    pub(crate) fn count_range(&self, first: u64, n: u64) -> u64 {
         let (first, end) = self.clip(first, n);
         let mut count = 0;
         self.each_chunk(first, end, false, |w0, _, words| {
@@ -376,7 +377,7 @@ impl PageMap {
     }
 
     /// How many pages are claimed.
-    pub fn count(&self) -> u64 {
+    pub(crate) fn count(&self) -> u64 {
         self.count_range(0, self.pages)
     }
 
@@ -392,7 +393,7 @@ impl PageMap {
     /// A new map of `n` pages whose bits are copied from `[first, first + n)` of this one
     /// (a region split by munmap or moved by mremap). Word by word, skipping absent leaves and
     /// clear words: the new map gets leaves only where this one has bits.
-    pub fn slice(&self, first: u64, n: u64) -> PageMap {
+    pub(crate) fn slice(&self, first: u64, n: u64) -> PageMap {
         let (first, end) = self.clip(first, n);
         let out = PageMap::new(n);
         // Source page p is page p - first of `out`: bit b of source word w goes to bit
@@ -430,6 +431,11 @@ impl Drop for PageMap {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "test data patterns"
+)]
 mod tests {
     use super::*;
     use std::sync::Arc;

@@ -43,24 +43,25 @@
 //! `head` moves by CAS (AcqRel): the producer loads it with Acquire before reusing ring slots,
 //! so it never repopulates a slot before its consumer took it.
 
+use crate::page::{bytes, PAGE_SIZE, PMD_SIZE};
 use crate::stats::Stats;
-use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use crate::sys::mman;
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::sync::Mutex;
 
 /// Pages populated per producer step: one PMD, so that consumers see pages appear every ~0.6 ms
 /// instead of after a whole refill.
-pub const FILL_CHUNK_PAGES: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
+pub(crate) const FILL_CHUNK_PAGES: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
 
 /// Pages per 2 MiB chunk of the huge ring.
-pub const CHUNK_PAGES: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
+pub(crate) const CHUNK_PAGES: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
 
 /// The small ring's share of `pool_max`: a quarter, at least 2 MiB (never more than
 /// `pool_max`). A full window of 2048 pages covers four PMDs, and the one its fault landed in
 /// holds a page table already (the kernel made it before queueing the fault), so a quarter of
 /// a sequential writer's pages are 4 KiB pages.
-pub fn small_bytes(pool_max: usize) -> usize {
+pub(crate) fn small_bytes(pool_max: usize) -> usize {
     (pool_max / 4 / PMD_SIZE * PMD_SIZE)
         .max(PMD_SIZE)
         .min(pool_max.max(PMD_SIZE))
@@ -68,7 +69,7 @@ pub fn small_bytes(pool_max: usize) -> usize {
 
 /// A contiguous run of ready pages taken from a ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Run {
+pub(crate) struct Run {
     pub addr: usize,
     pub pages: u64,
     /// The ring index of the run's first page.
@@ -82,7 +83,7 @@ struct CachePadded<T>(T);
 
 /// One ring of pre-zeroed pages (see the module's docs).
 #[derive(Debug)]
-pub struct Ring {
+pub(crate) struct Ring {
     base: usize,
     pages: u64,
     /// Pages per unit of `take`, `untake` and `fill_step`: 1, or [`CHUNK_PAGES`] when huge.
@@ -95,7 +96,7 @@ pub struct Ring {
 impl Ring {
     /// Reserves `bytes` (rounded up to 2 MiB) of address space; nothing is populated yet.
     /// `huge`: populated as transparent huge pages and handed out in whole chunks.
-    pub fn new(bytes: usize, huge: bool) -> io::Result<Ring> {
+    pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<Ring> {
         let len = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
         let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true)?;
         let thp = if huge {
@@ -123,30 +124,30 @@ impl Ring {
     }
 
     /// The ring's reserved area, as (address, length).
-    pub fn area(&self) -> (usize, usize) {
-        (self.base, self.pages as usize * PAGE_SIZE)
+    pub(crate) fn area(&self) -> (usize, usize) {
+        (self.base, bytes(self.pages))
     }
 
     /// Whether this is the huge ring (whole 2 MiB chunks).
     #[cfg(test)]
-    pub fn is_huge(&self) -> bool {
+    pub(crate) fn is_huge(&self) -> bool {
         self.unit > 1
     }
 
     /// Capacity in pages.
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         self.pages
     }
 
     /// Pages ready to be taken.
-    pub fn available(&self) -> u64 {
+    pub(crate) fn available(&self) -> u64 {
         let t = self.tail.0.load(Acquire);
         t - self.head.0.load(Acquire).min(t)
     }
 
     /// Takes up to `want` ready pages (whole chunks in the huge ring, so `want` is rounded down
     /// to them) as one contiguous run; `None` when the ring is empty or `want` is under a unit.
-    pub fn take(&self, want: u64) -> Option<Run> {
+    pub(crate) fn take(&self, want: u64) -> Option<Run> {
         let want = want - want % self.unit;
         let mut h = self.head.0.load(Acquire);
         loop {
@@ -159,7 +160,7 @@ impl Ring {
             match self.head.0.compare_exchange_weak(h, h + n, AcqRel, Acquire) {
                 Ok(_) => {
                     return Some(Run {
-                        addr: self.base + (h % self.pages) as usize * PAGE_SIZE,
+                        addr: self.base + bytes(h % self.pages),
                         pages: n,
                         index: h,
                     })
@@ -172,7 +173,7 @@ impl Ring {
     /// Gives back the last `unused` pages of `run` if nobody took pages after it; otherwise they
     /// stay where they are, populated, and the producer finds them present when it comes round.
     /// The huge ring takes back whole unused chunks only.
-    pub fn untake(&self, run: Run, unused: u64) {
+    pub(crate) fn untake(&self, run: Run, unused: u64) {
         let unused = unused - unused % self.unit;
         if unused == 0 {
             return;
@@ -186,7 +187,7 @@ impl Ring {
 
     /// Producer step: populates up to `max_pages` (at most one chunk, never crossing the ring's
     /// end) and publishes them. Returns the pages added; 0 when the pool is full.
-    pub fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
+    pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
         let t = self.tail.0.load(Relaxed);
         let h = self.head.0.load(Acquire);
@@ -197,8 +198,8 @@ impl Ring {
         if n == 0 {
             return Ok(0);
         }
-        let addr = self.base + (t % self.pages) as usize * PAGE_SIZE;
-        mman::populate_write(addr, n as usize * PAGE_SIZE)?;
+        let addr = self.base + bytes(t % self.pages);
+        mman::populate_write(addr, bytes(n))?;
         self.tail.0.store(t + n, Release);
         Stats::add(&stats.pool_refills, 1);
         Stats::add(&stats.pool_pages_filled, n);
@@ -207,7 +208,7 @@ impl Ring {
 
     /// Populates until `target` pages are ready (capped at capacity), on the calling thread.
     #[cfg(test)]
-    pub fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
         fill_loop(
             target.min(self.pages),
             stop,
@@ -218,7 +219,7 @@ impl Ring {
 
     /// Whether `addr` (a page of a run) is still populated: tells a source hole from a
     /// destination problem when a move reports ENOENT.
-    pub fn is_populated(&self, addr: usize) -> bool {
+    pub(crate) fn is_populated(&self, addr: usize) -> bool {
         mman::resident_pages(addr, PAGE_SIZE).map(|n| n == 1).unwrap_or(false)
     }
 }
@@ -226,12 +227,12 @@ impl Ring {
 impl Ring {
     /// Frees every page (the engine is going away; the address space stays reserved
     /// until the last region lets go of the shared state).
-    pub fn release_all(&self) {
+    pub(crate) fn release_all(&self) {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the ring's own memory. Under the fill lock no producer writes it, and after
         // head = tail below no consumer takes a run of it; a run taken before is moved out
         // already (the kernel refuses to move a discarded page: ENOENT, a hole).
-        let _ = unsafe { mman::madvise(self.base, self.pages as usize * PAGE_SIZE, mman::MADV_DONTNEED) };
+        let _ = unsafe { mman::madvise(self.base, bytes(self.pages), mman::MADV_DONTNEED) };
         self.head.0.store(self.tail.0.load(Acquire), Release);
     }
 }
@@ -239,7 +240,7 @@ impl Ring {
 impl Drop for Ring {
     fn drop(&mut self) {
         // SAFETY: the ring's own memory, and the ring is dropped.
-        let _ = unsafe { mman::unmap(self.base, self.pages as usize * PAGE_SIZE) };
+        let _ = unsafe { mman::unmap(self.base, bytes(self.pages)) };
     }
 }
 
@@ -261,7 +262,7 @@ fn fill_loop(
 
 /// The two rings, and the pool-wide view the scrub thread and the watermarks use.
 #[derive(Debug)]
-pub struct Pool {
+pub(crate) struct Pool {
     pub small: Ring,
     pub huge: Option<Ring>,
 }
@@ -269,7 +270,7 @@ pub struct Pool {
 impl Pool {
     /// A pool of `bytes` in all: the small ring's share ([`small_bytes`]) and, with `huge`,
     /// the rest as the huge ring (when there is a rest of at least one chunk).
-    pub fn new(bytes: usize, huge: bool) -> io::Result<Pool> {
+    pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<Pool> {
         let bytes = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
         let small = if huge { small_bytes(bytes) } else { bytes };
         let huge = if huge && bytes > small {
@@ -284,19 +285,19 @@ impl Pool {
     }
 
     /// Pages ready in both rings.
-    pub fn available(&self) -> u64 {
+    pub(crate) fn available(&self) -> u64 {
         self.small.available() + self.huge.as_ref().map_or(0, Ring::available)
     }
 
     /// Pages both rings hold when full.
-    pub fn capacity(&self) -> u64 {
+    pub(crate) fn capacity(&self) -> u64 {
         self.small.capacity() + self.huge.as_ref().map_or(0, Ring::capacity)
     }
 
     /// Producer step: one chunk into the ring that is emptier for its size (the small one on a
     /// tie), or into the other when that one is full. Returns the pages added; 0 when both are
     /// full (or `max_pages` is under a huge chunk and the small ring is full).
-    pub fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
+    pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
         let Some(huge) = &self.huge else {
             return self.small.fill_step(max_pages, stats);
         };
@@ -314,7 +315,7 @@ impl Pool {
 
     /// Populates until `target` pages are ready in all (capped at capacity), on the calling
     /// thread.
-    pub fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
         fill_loop(
             target.min(self.capacity()),
             stop,
@@ -324,7 +325,7 @@ impl Pool {
     }
 
     /// Frees every pool page.
-    pub fn release_all(&self) {
+    pub(crate) fn release_all(&self) {
         self.small.release_all();
         if let Some(h) = &self.huge {
             h.release_all();
@@ -333,6 +334,11 @@ impl Pool {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "test data patterns"
+)]
 mod tests {
     use super::*;
 
@@ -410,7 +416,7 @@ mod tests {
         assert_eq!(r.available(), 2048);
         if mman::thp_available() {
             assert!(
-                mman::anon_huge_bytes(r.base, r.pages as usize * PAGE_SIZE) >= PMD_SIZE,
+                mman::anon_huge_bytes(r.base, bytes(r.pages)) >= PMD_SIZE,
                 "at least one chunk is a transparent huge page"
             );
         }

@@ -32,11 +32,11 @@
 use crate::page::PMD_PAGES;
 
 /// Streams tracked per thread and region.
-pub const STREAMS: usize = 4;
+pub(crate) const STREAMS: usize = 4;
 
 /// The window sizing knobs (from [`crate::options::Options`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Tuning {
+pub(crate) struct Tuning {
     pub start_order: u8,
     pub order_step: u8,
     pub max_order: u8,
@@ -44,7 +44,7 @@ pub struct Tuning {
 
 /// How a fault related to the predictions.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The thread's first fault in this region.
     Start,
     /// The fault was where a stream expected it.
@@ -56,7 +56,7 @@ pub enum Outcome {
 /// What to install: pages `[first, first + pages)`; `order` is the window asked for before
 /// clipping to the region.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Window {
+pub(crate) struct Window {
     pub first: u64,
     pub pages: u64,
     pub order: u8,
@@ -73,20 +73,20 @@ struct Stream {
 
 /// The streams of one thread in one region.
 #[derive(Clone, Debug, Default)]
-pub struct Predictor {
+pub(crate) struct Predictor {
     streams: [Stream; STREAMS],
     clock: u64,
 }
 
 impl Predictor {
     #[cfg(test)]
-    pub fn new() -> Predictor {
+    pub(crate) fn new() -> Predictor {
         Predictor::default()
     }
 
     /// A fault on page `page` of a region whose pages end before `end`: the window to install.
     #[cfg(test)]
-    pub fn on_fault(&mut self, page: u64, end: u64, t: &Tuning) -> Window {
+    pub(crate) fn on_fault(&mut self, page: u64, end: u64, t: &Tuning) -> Window {
         self.on_fault_aligned(page, end, None, t)
     }
 
@@ -97,7 +97,7 @@ impl Predictor {
     /// us, so that PMD must take 4 KiB pages, and this way it has one left to take, while every
     /// PMD of the window after it is whole and free of tables, ready for a huge page. Without it
     /// a stream that starts off a boundary covers one PMD in four partly, forever.
-    pub fn on_fault_aligned(&mut self, page: u64, end: u64, phase: Option<u64>, t: &Tuning) -> Window {
+    pub(crate) fn on_fault_aligned(&mut self, page: u64, end: u64, phase: Option<u64>, t: &Tuning) -> Window {
         debug_assert!(page < end);
         self.clock += 1;
         let hit = self
@@ -146,7 +146,7 @@ impl Predictor {
 impl Predictor {
     /// The window just returned was installed up to `end` (widened to whole huge pages): the
     /// stream expects its next fault there.
-    pub fn installed_to(&mut self, end: u64) {
+    pub(crate) fn installed_to(&mut self, end: u64) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
             s.next = s.next.max(end);
         }

@@ -13,8 +13,9 @@
 //! event applies only to ranges registered before the handler read it.
 
 use crate::handback::MissRun;
+use crate::page::{bytes, index, PAGE_SIZE, PMD_SIZE};
 use crate::pagemap::PageMap;
-use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use crate::sys::mman;
 use crate::thp::PmdMap;
 use crate::Shared;
 use std::collections::BTreeMap;
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 /// One registered, contiguous range of pages.
 #[derive(Debug)]
-pub struct Range {
+pub(crate) struct Range {
     /// Unique for the engine's life; keys the handler's per-thread predictors.
     pub(crate) id: u64,
     /// Table sequence number at registration.
@@ -51,7 +52,7 @@ impl Range {
     pub(crate) fn is_valid(&self) -> bool {
         self.start % PAGE_SIZE == 0
             && self.pages > 0
-            && (self.pages as usize)
+            && index(self.pages)
                 .checked_mul(PAGE_SIZE)
                 .and_then(|b| self.start.checked_add(b))
                 .is_some()
@@ -59,21 +60,21 @@ impl Range {
             && self.pmds.covers(self.start, self.pages)
     }
 
-    pub fn end(&self) -> usize {
-        self.start + self.pages as usize * PAGE_SIZE
+    pub(crate) fn end(&self) -> usize {
+        self.start + bytes(self.pages)
     }
 
     /// Page index of an address inside the range.
-    pub fn page_of(&self, addr: usize) -> u64 {
+    pub(crate) fn page_of(&self, addr: usize) -> u64 {
         ((addr - self.start) / PAGE_SIZE) as u64
     }
 
-    pub fn addr_of(&self, page: u64) -> usize {
-        self.start + page as usize * PAGE_SIZE
+    pub(crate) fn addr_of(&self, page: u64) -> usize {
+        self.start + bytes(page)
     }
 
     /// Sets or clears the `huge` bits of the PMDs inside both the range and `[addr, end)`.
-    pub fn set_huge(&self, addr: usize, end: usize, on: bool) {
+    pub(crate) fn set_huge(&self, addr: usize, end: usize, on: bool) {
         let a = addr.max(self.start).next_multiple_of(PMD_SIZE);
         let b = end.min(self.end()) / PMD_SIZE * PMD_SIZE;
         if a < b {
@@ -83,7 +84,7 @@ impl Range {
 
     /// Whether the fault at `addr` came with its PMD empty and may take a huge page: the PMD
     /// wants huge pages and lies wholly inside the range.
-    pub fn huge_fault(&self, addr: usize) -> bool {
+    pub(crate) fn huge_fault(&self, addr: usize) -> bool {
         let pmd = addr / PMD_SIZE * PMD_SIZE;
         pmd >= self.start && pmd + PMD_SIZE <= self.end() && self.pmds.wants_huge(addr)
     }
@@ -195,7 +196,7 @@ impl Drop for Checked<'_> {
 
 /// The engine's registered ranges.
 #[derive(Debug, Default)]
-pub struct RangeTable {
+pub(crate) struct RangeTable {
     inner: RwLock<Table>,
 }
 
@@ -211,33 +212,33 @@ impl RangeTable {
     }
 
     /// The range containing `addr`.
-    pub fn find(&self, addr: usize) -> Option<Arc<Range>> {
+    pub(crate) fn find(&self, addr: usize) -> Option<Arc<Range>> {
         let t = self.read();
         let (_, r) = t.by_start.range(..=addr).next_back()?;
         (addr < r.end()).then(|| r.clone())
     }
 
     /// Whether a range overlaps `[start, end)`.
-    pub fn any(&self, start: usize, end: usize) -> bool {
+    pub(crate) fn any(&self, start: usize, end: usize) -> bool {
         !self.read().overlapping(start, end, None).is_empty()
     }
 
     /// The current sequence number: note it before reading messages from the kernel.
-    pub fn seq(&self) -> u64 {
+    pub(crate) fn seq(&self) -> u64 {
         self.read().seq
     }
 
     /// Adds `[start, start + pages)`, replacing whatever stale ranges overlapped it.
-    pub fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
+    pub(crate) fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
         let mut t = self.write();
-        t.cut(start, start + pages as usize * PAGE_SIZE, None);
+        t.cut(start, start + bytes(pages), None);
         t.new_range(start, PageMap::new(pages), PmdMap::new(start, pages), owner)
     }
 
     /// UFFD_EVENT_REMOVE: the kernel dropped the pages of `[start, end)`. Returns page states
     /// cleared. A PMD the span cuts through (not whole) may hold a page table from now on: a
     /// huge page there was split.
-    pub fn forget(&self, start: usize, end: usize, upto: u64) -> u64 {
+    pub(crate) fn forget(&self, start: usize, end: usize, upto: u64) -> u64 {
         let t = self.read();
         t.overlapping(start, end, Some(upto))
             .iter()
@@ -256,25 +257,25 @@ impl RangeTable {
     }
 
     /// The program's huge-page advice for `[start, end)` (see [`Range::huge`]).
-    pub fn set_huge(&self, start: usize, end: usize, on: bool) {
+    pub(crate) fn set_huge(&self, start: usize, end: usize, on: bool) {
         for r in self.read().overlapping(start, end, None) {
             r.set_huge(start, end, on);
         }
     }
 
     /// `[start, end)` is no longer registered (handed back to the kernel): cut from every range.
-    pub fn drop_span(&self, start: usize, end: usize) {
+    pub(crate) fn drop_span(&self, start: usize, end: usize) {
         self.write().cut(start, end, None);
     }
 
     /// UFFD_EVENT_UNMAP: `[start, end)` is gone. Returns page states cleared.
-    pub fn unmap(&self, start: usize, end: usize, upto: u64) -> u64 {
+    pub(crate) fn unmap(&self, start: usize, end: usize, upto: u64) -> u64 {
         self.write().cut(start, end, Some(upto)).0
     }
 
     /// UFFD_EVENT_REMAP: `len` bytes moved from `from` to `to`, page tables and registration
     /// with them. The destination becomes a range of its own, owned by nobody.
-    pub fn remap(&self, from: usize, to: usize, len: usize, upto: u64) {
+    pub(crate) fn remap(&self, from: usize, to: usize, len: usize, upto: u64) {
         let mut t = self.write();
         let (_, pieces) = t.cut(from, from + len, Some(upto));
         t.cut(to, to + len, None);
@@ -288,7 +289,7 @@ impl RangeTable {
     }
 
     /// Removes one range (a registration that failed).
-    pub fn remove(&self, r: &Arc<Range>) {
+    pub(crate) fn remove(&self, r: &Arc<Range>) {
         let mut t = self.write();
         if t.by_start.get(&r.start).is_some_and(|x| x.id == r.id) {
             t.by_start.remove(&r.start);
@@ -296,7 +297,7 @@ impl RangeTable {
     }
 
     /// Removes and returns every range of `owner`.
-    pub fn take_owned(&self, owner: u64) -> Vec<Arc<Range>> {
+    pub(crate) fn take_owned(&self, owner: u64) -> Vec<Arc<Range>> {
         let mut t = self.write();
         let mine: Vec<usize> = t
             .by_start
@@ -308,7 +309,7 @@ impl RangeTable {
     }
 
     /// Every range, in address order (for tests and stats).
-    pub fn ranges(&self) -> Vec<Arc<Range>> {
+    pub(crate) fn ranges(&self) -> Vec<Arc<Range>> {
         self.read().by_start.values().cloned().collect()
     }
 }
@@ -345,6 +346,7 @@ impl Region {
         self.len
     }
 
+    /// Whether the region has no bytes (never, for a region the engine made).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
@@ -430,7 +432,7 @@ mod tests {
     fn tables_at(t: &RangeTable, start: usize) -> Vec<bool> {
         let r = t.find(start).unwrap();
         assert_eq!(r.start, start);
-        (0..r.pmds.len() as usize)
+        (0..index(r.pmds.len()))
             .map(|i| r.pmds.has_table((start / PMD_SIZE + i) * PMD_SIZE))
             .collect()
     }

@@ -15,7 +15,7 @@
 //!   predicted write fault) or the pool was prefilled: a program whose faults are random or
 //!   read-only pays for no pool at all.
 
-use crate::stats::Stats;
+use crate::stats::{nanos, Stats};
 use crate::sys::mman::PAGE_SIZE;
 use crate::sys::thread;
 use crate::Shared;
@@ -25,14 +25,14 @@ use std::time::Duration;
 
 /// How the handler and the engine talk to the scrub thread.
 #[derive(Debug, Default)]
-pub struct ScrubCtl {
+pub(crate) struct ScrubCtl {
     requested: Mutex<bool>,
     cv: Condvar,
 }
 
 impl ScrubCtl {
     /// Asks for a refill. Cheap when a request is already pending.
-    pub fn kick(&self) {
+    pub(crate) fn kick(&self) {
         let mut r = self.requested.lock().unwrap_or_else(|e| e.into_inner());
         if !*r {
             *r = true;
@@ -97,12 +97,9 @@ pub(crate) fn run(shared: Arc<Shared>) {
             }
         }
         let now = clock.read();
-        Stats::add(&shared.stats.scrub_cpu_ns, (now - counted).as_nanos() as u64);
+        Stats::add(&shared.stats.scrub_cpu_ns, nanos(now - counted));
         counted = now;
     }
     let now = clock.read();
-    Stats::add(
-        &shared.stats.scrub_cpu_ns,
-        (now.saturating_sub(counted)).as_nanos() as u64,
-    );
+    Stats::add(&shared.stats.scrub_cpu_ns, nanos(now.saturating_sub(counted)));
 }

@@ -29,6 +29,7 @@ macro_rules! counters {
         }
 
         impl Stats {
+            /// The counters now (each read on its own: not one atomic moment).
             pub fn snapshot(&self) -> Snapshot {
                 Snapshot {
                     $( $name: self.$name.load(Relaxed), )*
@@ -156,8 +157,10 @@ counters! {
 /// share (the LD_PRELOAD shim puts one in `MAP_SHARED` memory, so that the engines of forked
 /// children add to the counters their parent prints).
 #[derive(Debug)]
-pub enum StatsHome {
+pub(crate) enum StatsHome {
+    /// The engine's own.
     Own(Box<Stats>),
+    /// A block the embedder lent (see [`crate::Engine::with_stats`]).
     Lent(&'static Stats),
 }
 
@@ -169,6 +172,11 @@ impl std::ops::Deref for StatsHome {
             StatsHome::Lent(s) => s,
         }
     }
+}
+
+/// A duration in nanoseconds, for the `*_ns` counters (saturating: 584 years).
+pub(crate) fn nanos(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Stats {

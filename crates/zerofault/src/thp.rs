@@ -14,7 +14,7 @@
 //! slow means memory is fragmented: the handler then copies for a while instead.
 
 use crate::fault::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
-use crate::page::{PAGE_SIZE, PMD_SIZE};
+use crate::page::{bytes, PAGE_SIZE, PMD_SIZE};
 use crate::pagemap::PageMap;
 use crate::region::Range;
 use crate::stats::Stats;
@@ -43,7 +43,7 @@ pub(crate) struct PmdMap {
 
 /// PMDs overlapped by `pages` pages from `start`.
 pub(crate) fn pmds_overlapped(start: usize, pages: u64) -> u64 {
-    let end = start + (pages as usize).max(1) * PAGE_SIZE;
+    let end = start + bytes(pages.max(1));
     ((end - 1) / PMD_SIZE - start / PMD_SIZE + 1) as u64
 }
 

@@ -17,16 +17,16 @@ use std::io;
 
 /// A read-only run of zero pages, the source of every UFFDIO_COPY.
 #[derive(Debug)]
-pub struct ZeroSource {
+pub(crate) struct ZeroSource {
     addr: usize,
     len: usize,
 }
 
 impl ZeroSource {
     /// Bytes one copy may take from the source at most.
-    pub const LEN: usize = PMD_SIZE;
+    pub(crate) const LEN: usize = PMD_SIZE;
 
-    pub fn new() -> io::Result<ZeroSource> {
+    pub(crate) fn new() -> io::Result<ZeroSource> {
         let len = Self::LEN;
         let addr = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ, true)?;
         // 4 KiB zero pages, not the huge zero page: one 4 KiB frame stays hot in cache.
@@ -42,12 +42,12 @@ impl ZeroSource {
         Ok(z)
     }
 
-    pub fn addr(&self) -> usize {
+    pub(crate) fn addr(&self) -> usize {
         self.addr
     }
 
     /// The mapping, as (address, length).
-    pub fn area(&self) -> (usize, usize) {
+    pub(crate) fn area(&self) -> (usize, usize) {
         (self.addr, self.len)
     }
 

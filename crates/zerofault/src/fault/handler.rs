@@ -5,7 +5,7 @@ use super::{Kernel, BATCH};
 use crate::options::Options;
 use crate::page::PAGE_SIZE;
 use crate::predict::{Predictor, Tuning};
-use crate::stats::Stats;
+use crate::stats::{nanos, Stats};
 use crate::sys::mman::Mapping;
 use crate::sys::raw::Errno;
 use crate::sys::thread::ThreadClock;
@@ -67,7 +67,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         if n == 0 {
             if last_count.elapsed() > Duration::from_millis(1) {
                 let now = clock.read();
-                Stats::add(&shared.stats.handler_cpu_ns, (now - counted).as_nanos() as u64);
+                Stats::add(&shared.stats.handler_cpu_ns, nanos(now - counted));
                 (counted, last_count) = (now, Instant::now());
             }
             if uffd.wait().is_err() || !uffd.still_ours() {
@@ -81,13 +81,10 @@ pub(crate) fn run(shared: Arc<Shared>) {
     }
     if let Some(e) = h.fatal {
         Stats::add(&shared.stats.fail_opens, 1);
-        Stats::add(&shared.stats.fail_open_errno, e.0 as u64);
+        Stats::add(&shared.stats.fail_open_errno, u64::from(e.0.unsigned_abs()));
     }
     let now = clock.read();
-    Stats::add(
-        &shared.stats.handler_cpu_ns,
-        now.saturating_sub(counted).as_nanos() as u64,
-    );
+    Stats::add(&shared.stats.handler_cpu_ns, nanos(now.saturating_sub(counted)));
     fail_open.orderly = h.rung;
 }
 

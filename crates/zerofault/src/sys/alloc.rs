@@ -201,8 +201,9 @@ static FORK_HELD: AtomicU32 = AtomicU32::new(0);
 pub struct AllocStats {
     /// Slab chunks mapped (never unmapped), [`CHUNK`] bytes each.
     pub chunks: usize,
-    /// Direct mappings alive now, and their bytes.
+    /// Direct mappings alive now.
     pub direct_maps: usize,
+    /// Their bytes.
     pub direct_bytes: usize,
     /// Small requests served by a direct mapping because the calling thread already held the
     /// class lock (a signal handler allocated inside the allocator).
@@ -392,7 +393,7 @@ unsafe fn mremap(
     to: usize,
 ) -> Result<usize, raw::Errno> {
     // SAFETY: upheld by the caller.
-    unsafe { raw::call(libc::SYS_mremap, [old, old_len, new_len, flags as usize, to, 0]) }
+    unsafe { raw::call(libc::SYS_mremap, [old, old_len, new_len, raw::int_arg(flags), to, 0]) }
 }
 
 /// Resizes the direct mapping at `p` from `old_len` to `new_len` bytes (page multiples),
@@ -561,6 +562,11 @@ fn release_fork_locks() {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "test data patterns"
+)]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicBool;

@@ -36,7 +36,7 @@ unsafe fn sys_mmap(addr: usize, len: usize, prot: libc::c_int, flags: libc::c_in
     let r = unsafe {
         raw::call(
             libc::SYS_mmap,
-            [addr, len, prot as usize, flags as usize, usize::MAX, 0],
+            [addr, len, raw::int_arg(prot), raw::int_arg(flags), usize::MAX, 0],
         )
     };
     Ok(r?)
@@ -45,7 +45,7 @@ unsafe fn sys_mmap(addr: usize, len: usize, prot: libc::c_int, flags: libc::c_in
 /// The system page size, from sysconf.
 pub fn system_page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
-    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+    usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0)
 }
 
 /// Maps `len` bytes of anonymous private memory with protection `prot`, aligned to `align` (a
@@ -104,7 +104,7 @@ pub fn map_private(len: usize, noreserve: bool) -> io::Result<usize> {
 /// page made `PROT_NONE` would fault).
 pub unsafe fn protect(addr: usize, len: usize, prot: libc::c_int) -> io::Result<()> {
     // SAFETY: the caller owns the range; mprotect touches nothing outside it.
-    unsafe { raw::call(libc::SYS_mprotect, [addr, len, prot as usize, 0, 0, 0]) }?;
+    unsafe { raw::call(libc::SYS_mprotect, [addr, len, raw::int_arg(prot), 0, 0, 0]) }?;
     Ok(())
 }
 
@@ -162,7 +162,7 @@ pub unsafe fn unmap(addr: usize, len: usize) -> io::Result<()> {
 /// owner wants.
 pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Result<()> {
     // SAFETY: the caller owns the range; madvise touches nothing outside it.
-    unsafe { raw::call(libc::SYS_madvise, [addr, len, advice as usize, 0, 0, 0]) }?;
+    unsafe { raw::call(libc::SYS_madvise, [addr, len, raw::int_arg(advice), 0, 0, 0]) }?;
     Ok(())
 }
 
@@ -263,14 +263,17 @@ impl Mapping {
         Ok(m)
     }
 
+    /// First byte.
     pub fn as_ptr(&self) -> *mut u8 {
         self.addr as *mut u8
     }
 
+    /// Length in bytes.
     pub fn len(&self) -> usize {
         self.len
     }
 
+    /// Whether the mapping has no bytes (never: lengths are rounded up to a page).
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }

@@ -16,6 +16,7 @@ use std::io;
 pub struct Errno(pub i32);
 
 impl Errno {
+    /// As an `io::Error`.
     pub fn to_io(self) -> io::Error {
         io::Error::from_raw_os_error(self.0)
     }
@@ -49,7 +50,7 @@ pub unsafe fn syscall(nr: libc::c_long, a: [usize; 6]) -> isize {
     unsafe {
         std::arch::asm!(
             "syscall",
-            inlateout("rax") nr as isize => ret,
+            inlateout("rax") nr => ret,
             in("rdi") a[0],
             in("rsi") a[1],
             in("rdx") a[2],
@@ -85,6 +86,32 @@ pub unsafe fn syscall(nr: libc::c_long, a: [usize; 6]) -> isize {
     r
 }
 
+/// A C `int` argument (a descriptor, flags, a protection) as a system-call register: sign
+/// extended, as C passes it; the kernel reads the low 32 bits.
+#[inline]
+#[allow(clippy::cast_sign_loss, reason = "a register holds the int's bits, sign extended")]
+pub const fn int_arg(i: libc::c_int) -> usize {
+    i as isize as usize
+}
+
+/// A C `unsigned long` argument (an ioctl request) as a register.
+#[inline]
+#[allow(clippy::cast_possible_truncation, reason = "64-bit targets only (lib.rs)")]
+pub const fn ulong_arg(u: libc::c_ulong) -> usize {
+    u as usize
+}
+
+/// A descriptor a system call returned (the kernel's descriptors fit in an `int`).
+#[inline]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_possible_wrap,
+    reason = "fds are below INT_MAX"
+)]
+pub const fn fd_of(r: usize) -> std::os::fd::RawFd {
+    r as std::os::fd::RawFd
+}
+
 /// [`syscall`] folded into a Result.
 ///
 /// # Safety
@@ -94,8 +121,10 @@ pub unsafe fn call(nr: libc::c_long, a: [usize; 6]) -> Result<usize, Errno> {
     // SAFETY: the caller upholds the contract of `nr`.
     let r = unsafe { syscall(nr, a) };
     if (-4095..0).contains(&r) {
+        #[allow(clippy::cast_possible_truncation, reason = "checked: -4095..0")]
         Err(Errno(-r as i32))
     } else {
+        #[allow(clippy::cast_sign_loss, reason = "checked: not an error, so the kernel's value")]
         Ok(r as usize)
     }
 }
@@ -116,6 +145,6 @@ mod tests {
         assert_eq!(unsafe { *libc::__errno_location() }, 1234);
         // SAFETY: getpid has no arguments and no side effect.
         let pid = unsafe { call(libc::SYS_getpid, [0; 6]) }.unwrap();
-        assert_eq!(pid as u32, std::process::id());
+        assert_eq!(pid, std::process::id() as usize);
     }
 }

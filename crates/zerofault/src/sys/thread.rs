@@ -6,6 +6,7 @@
 
 use super::mman::{self, PAGE_SIZE};
 use super::raw;
+use crate::page::index;
 use std::io;
 use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
@@ -210,7 +211,7 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
     extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut libc::c_void) -> libc::c_int {
         // SAFETY: dl_iterate_phdr passes a valid info for the duration of the call, and `data`
         // is the `(tp, &mut TlsLayout)` pair below.
-        let (info, (tp, l)) = unsafe { (&*info, &mut *(data as *mut (usize, &mut TlsLayout))) };
+        let (info, (tp, l)) = unsafe { (&*info, &mut *data.cast::<(usize, &mut TlsLayout)>()) };
         // The calling thread's block of the module: null for a dynamic module this thread has
         // not touched yet.
         let block = info.dlpi_tls_data as usize;
@@ -223,10 +224,10 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
             l.modules[l.n] = TlsModule {
                 modid: info.dlpi_tls_modid,
                 offset: if block != 0 && block < *tp { *tp - block } else { 0 },
-                image: info.dlpi_addr as usize + h.p_vaddr as usize,
-                filesz: h.p_filesz as usize,
-                memsz: h.p_memsz as usize,
-                align: (h.p_align as usize).clamp(1, PAGE_SIZE).next_power_of_two(),
+                image: index(info.dlpi_addr) + index(h.p_vaddr),
+                filesz: index(h.p_filesz),
+                memsz: index(h.p_memsz),
+                align: index(h.p_align).clamp(1, PAGE_SIZE).next_power_of_two(),
             };
             l.n += 1;
         }
@@ -234,7 +235,7 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
     }
     let mut data = (tp, &mut l);
     // SAFETY: the callback only reads what dl_iterate_phdr hands it and writes `data`.
-    unsafe { libc::dl_iterate_phdr(Some(each), &mut data as *mut _ as *mut libc::c_void) };
+    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut data).cast::<libc::c_void>()) };
     // Blocks below the thread pointer within glibc's static size are static; the others are
     // dynamic (dlopen()ed modules, allocated elsewhere, or not yet in this thread): an engine
     // thread gets its own copy of each, so that glibc never allocates one for it (through the
@@ -301,7 +302,7 @@ struct Start {
 
 extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
     // SAFETY: `arg` is the Box<Start> that spawn leaked for this thread, taken once.
-    let start = unsafe { Box::from_raw(arg as *mut Start) };
+    let start = unsafe { Box::from_raw(arg.cast::<Start>()) };
     // SAFETY: PR_SET_NAME reads a NUL-terminated name of at most 16 bytes.
     let _ = unsafe {
         raw::call(
@@ -332,6 +333,7 @@ pub fn spawn(name: &str, body: Box<dyn FnOnce() + Send>) -> io::Result<EngineThr
 pub struct Blocked(u64);
 
 impl Blocked {
+    /// Blocks every signal on this thread until the guard drops.
     pub fn all() -> Blocked {
         let all = u64::MAX;
         let mut old = 0u64;
@@ -425,7 +427,7 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
         *tcb.add(5) = tcb_word(0x28); // header.stack_guard
         *tcb.add(6) = tcb_word(0x30); // header.pointer_guard
     }
-    let arg = Box::into_raw(Box::new(start)) as *mut libc::c_void;
+    let arg = Box::into_raw(Box::new(start)).cast::<libc::c_void>();
     let flags = libc::CLONE_VM
         | libc::CLONE_FS
         | libc::CLONE_FILES
@@ -447,7 +449,7 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
     if rc < 0 {
         let e = io::Error::last_os_error();
         // SAFETY: the thread was not created: the Box is still ours.
-        drop(unsafe { Box::from_raw(arg as *mut Start) });
+        drop(unsafe { Box::from_raw(arg.cast::<Start>()) });
         // SAFETY: no thread runs on the block.
         let _ = unsafe { mman::unmap(block, len) };
         return Err(e);
@@ -548,7 +550,7 @@ pub fn make_idle() -> &'static str {
 /// The kernel thread id of the caller, as userfaultfd reports it with THREAD_ID.
 pub fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and no side effect.
-    unsafe { raw::syscall(libc::SYS_gettid, [0; 6]) as u32 }
+    u32::try_from(unsafe { raw::syscall(libc::SYS_gettid, [0; 6]) }).unwrap_or(0)
 }
 
 /// User and system CPU time of the whole process so far (getrusage RUSAGE_SELF).
@@ -557,7 +559,12 @@ pub fn process_cpu_time() -> (Duration, Duration) {
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
     // SAFETY: `ru` is a valid rusage to write into.
     unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    let tv = |t: libc::timeval| {
+        Duration::new(
+            u64::try_from(t.tv_sec).unwrap_or(0),
+            u32::try_from(t.tv_usec).unwrap_or(0) * 1000,
+        )
+    };
     (tv(ru.ru_utime), tv(ru.ru_stime))
 }
 
@@ -565,7 +572,7 @@ pub fn process_cpu_time() -> (Duration, Duration) {
 pub fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    n.max(1) as usize
+    usize::try_from(n.max(1)).unwrap_or(1)
 }
 
 /// The 1-minute load average (from /proc/loadavg), if readable.
@@ -594,10 +601,20 @@ impl ThreadClock {
         let _ = unsafe {
             raw::call(
                 libc::SYS_clock_gettime,
-                [self.0 as usize, &mut ts as *mut libc::timespec as usize, 0, 0, 0, 0],
+                [
+                    raw::int_arg(self.0),
+                    &mut ts as *mut libc::timespec as usize,
+                    0,
+                    0,
+                    0,
+                    0,
+                ],
             )
         };
-        Duration::new(ts.tv_sec as u64, ts.tv_nsec as u32)
+        Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        )
     }
 }
 
@@ -625,10 +642,15 @@ pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
 /// No live owner will use or close `fd` again.
 pub unsafe fn close_fd(fd: RawFd) {
     // SAFETY: the caller guarantees no live owner will use or close `fd` again.
-    let _ = unsafe { raw::call(libc::SYS_close, [fd as usize, 0, 0, 0, 0, 0]) };
+    let _ = unsafe { raw::call(libc::SYS_close, [raw::int_arg(fd), 0, 0, 0, 0, 0]) };
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "test data patterns"
+)]
 mod tests {
     use super::*;
     use std::cell::Cell;

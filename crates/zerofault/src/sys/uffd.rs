@@ -11,6 +11,7 @@
 //! [`Progress`] carries both numbers so that the caller decides what to skip and what to retry.
 
 use super::raw::{self, Errno};
+use crate::page::index;
 use std::io;
 use std::os::fd::RawFd;
 
@@ -54,16 +55,23 @@ const PAGEFAULT_FLAG_WRITE: u64 = 1;
 pub struct Features(pub u64);
 
 impl Features {
+    /// `UFFD_FEATURE_EVENT_FORK`: fork events (never asked for).
     pub const EVENT_FORK: u64 = 1 << 1;
+    /// `UFFD_FEATURE_EVENT_REMAP`: mremap events.
     pub const EVENT_REMAP: u64 = 1 << 2;
+    /// `UFFD_FEATURE_EVENT_REMOVE`: madvise(DONTNEED/REMOVE/FREE) events.
     pub const EVENT_REMOVE: u64 = 1 << 3;
+    /// `UFFD_FEATURE_EVENT_UNMAP`: munmap events.
     pub const EVENT_UNMAP: u64 = 1 << 6;
+    /// `UFFD_FEATURE_THREAD_ID`: the faulting thread's id in each fault message.
     pub const THREAD_ID: u64 = 1 << 8;
+    /// `UFFD_FEATURE_MOVE`: `UFFDIO_MOVE` (Linux 6.8).
     pub const MOVE: u64 = 1 << 16;
 
     /// What the engine asks for when the kernel offers it.
     pub const WANTED: u64 = Self::EVENT_REMAP | Self::EVENT_REMOVE | Self::EVENT_UNMAP | Self::THREAD_ID | Self::MOVE;
 
+    /// Whether every bit of `bit` is set.
     pub fn has(self, bit: u64) -> bool {
         self.0 & bit == bit
     }
@@ -73,7 +81,12 @@ impl Features {
 #[derive(Debug)]
 pub enum UffdError {
     /// Neither /dev/userfaultfd nor the userfaultfd(2) syscall gave a descriptor.
-    Open { dev: io::Error, syscall: io::Error },
+    Open {
+        /// Why `/dev/userfaultfd` gave none.
+        dev: io::Error,
+        /// Why userfaultfd(2) gave none.
+        syscall: io::Error,
+    },
     /// The UFFDIO_API handshake failed.
     Api(io::Error),
 }
@@ -105,14 +118,38 @@ pub struct Progress {
 /// One message read from the userfaultfd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Msg {
-    /// A thread touched a missing page. `tid` is 0 without `THREAD_ID`.
-    PageFault { addr: usize, write: bool, tid: u32 },
+    /// A thread touched a missing page.
+    PageFault {
+        /// The address touched.
+        addr: usize,
+        /// A write (else a read).
+        write: bool,
+        /// The thread (0 without `THREAD_ID`).
+        tid: u32,
+    },
     /// `madvise(MADV_DONTNEED / MADV_REMOVE / MADV_FREE)` dropped `[start, end)`.
-    Remove { start: usize, end: usize },
+    Remove {
+        /// First byte.
+        start: usize,
+        /// End (exclusive).
+        end: usize,
+    },
     /// `munmap` (or `mmap(MAP_FIXED)` over it) unmapped `[start, end)`.
-    Unmap { start: usize, end: usize },
+    Unmap {
+        /// First byte.
+        start: usize,
+        /// End (exclusive).
+        end: usize,
+    },
     /// `mremap` moved `len` bytes from `from` to `to`.
-    Remap { from: usize, to: usize, len: usize },
+    Remap {
+        /// Old address.
+        from: usize,
+        /// New address.
+        to: usize,
+        /// Bytes moved.
+        len: usize,
+    },
     /// A fork event (not requested; listed so that it is never mistaken for a fault).
     Fork,
     /// Anything newer than this wrapper.
@@ -136,22 +173,22 @@ impl RawMsg {
         let [a0, a1, a2] = self.arg;
         match self.event {
             EVENT_PAGEFAULT => Msg::PageFault {
-                addr: a1 as usize,
+                addr: index(a1),
                 write: a0 & PAGEFAULT_FLAG_WRITE != 0,
-                tid: a2 as u32,
+                tid: u32::try_from(a2).unwrap_or(0),
             },
             EVENT_REMOVE => Msg::Remove {
-                start: a0 as usize,
-                end: a1 as usize,
+                start: index(a0),
+                end: index(a1),
             },
             EVENT_UNMAP => Msg::Unmap {
-                start: a0 as usize,
-                end: a1 as usize,
+                start: index(a0),
+                end: index(a1),
             },
             EVENT_REMAP => Msg::Remap {
-                from: a0 as usize,
-                to: a1 as usize,
-                len: a2 as usize,
+                from: index(a0),
+                to: index(a1),
+                len: index(a2),
             },
             EVENT_FORK => Msg::Fork,
             other => Msg::Unknown(other),
@@ -215,7 +252,7 @@ fn file_id(fd: RawFd) -> Result<(u64, u64), Errno> {
     unsafe {
         raw::call(
             libc::SYS_fstat,
-            [fd as usize, &mut st as *mut libc::stat as usize, 0, 0, 0, 0],
+            [raw::int_arg(fd), &mut st as *mut libc::stat as usize, 0, 0, 0, 0],
         )
     }?;
     Ok((st.st_dev, st.st_ino))
@@ -243,7 +280,7 @@ fn high_fd_floor() -> usize {
             ],
         )
     };
-    let soft = if r.is_ok() { lim.rlim_cur as usize } else { 1024 };
+    let soft = if r.is_ok() { index(lim.rlim_cur) } else { 1024 };
     soft.min(1024).saturating_sub(1)
 }
 
@@ -252,18 +289,18 @@ impl Fd {
     fn adopt(fd: RawFd) -> Result<Fd, Errno> {
         let mut fd = fd;
         let floor = high_fd_floor();
-        if (fd as usize) < floor {
+        if raw::int_arg(fd) < floor {
             // SAFETY: F_DUPFD_CLOEXEC duplicates our own descriptor to the lowest free number at
             // or above `floor`.
             let dup = unsafe {
                 raw::call(
                     libc::SYS_fcntl,
-                    [fd as usize, libc::F_DUPFD_CLOEXEC as usize, floor, 0, 0, 0],
+                    [raw::int_arg(fd), raw::int_arg(libc::F_DUPFD_CLOEXEC), floor, 0, 0, 0],
                 )
             };
             if let Ok(d) = dup {
                 close_raw(fd);
-                fd = d as RawFd;
+                fd = raw::fd_of(d);
             }
         }
         match file_id(fd) {
@@ -275,6 +312,7 @@ impl Fd {
         }
     }
 
+    /// The descriptor number.
     pub fn raw(&self) -> RawFd {
         self.fd
     }
@@ -287,7 +325,7 @@ impl Fd {
 
 fn close_raw(fd: RawFd) {
     // SAFETY: closes a descriptor the caller owns; nothing else is touched.
-    let _ = unsafe { raw::call(libc::SYS_close, [fd as usize, 0, 0, 0, 0, 0]) };
+    let _ = unsafe { raw::call(libc::SYS_close, [raw::int_arg(fd), 0, 0, 0, 0, 0]) };
 }
 
 impl Drop for Fd {
@@ -317,7 +355,7 @@ fn open_raw() -> Result<RawFd, UffdError> {
         raw::call(
             libc::SYS_openat,
             [
-                libc::AT_FDCWD as usize,
+                raw::int_arg(libc::AT_FDCWD),
                 path.as_ptr() as usize,
                 (libc::O_RDWR | libc::O_CLOEXEC) as usize,
                 0,
@@ -329,10 +367,15 @@ fn open_raw() -> Result<RawFd, UffdError> {
     let dev_err = match dev {
         Ok(dev) => {
             // SAFETY: USERFAULTFD_IOC_NEW takes an int of open flags and returns a new fd.
-            let fd = unsafe { raw::call(libc::SYS_ioctl, [dev, USERFAULTFD_IOC_NEW as usize, flags, 0, 0, 0]) };
-            close_raw(dev as RawFd);
+            let fd = unsafe {
+                raw::call(
+                    libc::SYS_ioctl,
+                    [dev, raw::ulong_arg(USERFAULTFD_IOC_NEW), flags, 0, 0, 0],
+                )
+            };
+            close_raw(raw::fd_of(dev));
             match fd {
-                Ok(fd) => return Ok(fd as RawFd),
+                Ok(fd) => return Ok(raw::fd_of(fd)),
                 Err(e) => e,
             }
         }
@@ -340,7 +383,7 @@ fn open_raw() -> Result<RawFd, UffdError> {
     };
     // SAFETY: userfaultfd(2) takes one int of flags and returns a new fd.
     match unsafe { raw::call(libc::SYS_userfaultfd, [flags, 0, 0, 0, 0, 0]) } {
-        Ok(fd) => Ok(fd as RawFd),
+        Ok(fd) => Ok(raw::fd_of(fd)),
         Err(e) => Err(UffdError::Open {
             dev: dev_err.to_io(),
             syscall: e.to_io(),
@@ -366,7 +409,7 @@ fn handshake(fd: RawFd, features: u64) -> Result<u64, Errno> {
 /// `arg` must be what request `req` reads and writes.
 unsafe fn ioctl(fd: RawFd, req: libc::c_ulong, arg: usize) -> Result<usize, Errno> {
     // SAFETY: the caller passes the argument the request expects.
-    unsafe { raw::call(libc::SYS_ioctl, [fd as usize, req as usize, arg, 0, 0, 0]) }
+    unsafe { raw::call(libc::SYS_ioctl, [raw::int_arg(fd), raw::ulong_arg(req), arg, 0, 0, 0]) }
 }
 
 impl Uffd {
@@ -516,7 +559,7 @@ impl Uffd {
         let r = unsafe {
             raw::call(
                 libc::SYS_read,
-                [self.raw_fd() as usize, buf.as_mut_ptr() as usize, bytes, 0, 0, 0],
+                [raw::int_arg(self.raw_fd()), buf.as_mut_ptr() as usize, bytes, 0, 0, 0],
             )
         };
         match r {
@@ -552,7 +595,7 @@ fn progress(len: usize, result: i64, err: Option<Errno>) -> Progress {
     match err {
         None => Progress { done: len, errno: None },
         Some(e) => Progress {
-            done: result.max(0) as usize,
+            done: usize::try_from(result).unwrap_or(0),
             errno: Some(e),
         },
     }
