@@ -7,6 +7,7 @@
 //! ([`Engine::forget_after_fork`]).
 
 use crate::options::{OptionError, Options};
+use crate::page::pages;
 use crate::pool::Pool;
 use crate::region::RangeTable;
 use crate::region::Region;
@@ -146,7 +147,7 @@ impl Shared {
         fresh: bool,
     ) -> io::Result<()> {
         let _reg = self.reg_lock();
-        let r = self.ranges.insert(addr, (len / PAGE_SIZE) as u64, owner);
+        let r = self.ranges.insert(addr, pages(len), owner);
         if !fresh {
             r.pmds.mark_tables(addr, len);
         }
@@ -330,7 +331,7 @@ impl Engine {
         match &self.shared.pool {
             Some(p) => {
                 self.shared.streaming.store(true, Release);
-                p.fill_to((bytes / PAGE_SIZE) as u64, &self.shared.stats, || false)
+                p.fill_to(pages(bytes), &self.shared.stats, || false)
             }
             None => Ok(()),
         }

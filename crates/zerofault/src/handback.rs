@@ -12,7 +12,7 @@
 //! measurements behind the thresholds are in docs/DESIGN.md.
 
 use crate::fault::{Handler, Kernel};
-use crate::page::{bytes, PAGE_SIZE, PMD_PAGES};
+use crate::page::{bytes, pages, PMD_PAGES};
 use crate::predict::Outcome;
 use crate::region::Range;
 use crate::stats::Stats;
@@ -84,7 +84,7 @@ impl<K: Kernel> Handler<'_, K> {
         let sparse = (hi - lo) / self.opts.handback_misses.max(1) >= SPARSE_PAGES_PER_MISS;
         let (first, end) = match range.handbacks.load(Relaxed) {
             n if n > 0 && sparse => (0, range.pages),
-            _ => handback_span(lo, hi, range.pages, (range.start / PAGE_SIZE) as u64),
+            _ => handback_span(lo, hi, range.pages, pages(range.start)),
         };
         let (addr, len) = (range.addr_of(first), bytes(end - first));
         let shared = self.shared;

@@ -43,7 +43,7 @@
 //! `head` moves by CAS (AcqRel): the producer loads it with Acquire before reusing ring slots,
 //! so it never repopulates a slot before its consumer took it.
 
-use crate::page::{bytes, PAGE_SIZE, PMD_SIZE};
+use crate::page::{bytes, pages, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
 use crate::stats::Stats;
 use crate::sys::mman;
 use std::io;
@@ -52,10 +52,10 @@ use std::sync::Mutex;
 
 /// Pages populated per producer step: one PMD, so that consumers see pages appear every ~0.6 ms
 /// instead of after a whole refill.
-pub(crate) const FILL_CHUNK_PAGES: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
+pub(crate) const FILL_CHUNK_PAGES: u64 = PMD_PAGES;
 
 /// Pages per 2 MiB chunk of the huge ring.
-pub(crate) const CHUNK_PAGES: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
+pub(crate) const CHUNK_PAGES: u64 = PMD_PAGES;
 
 /// The small ring's share of `pool_max`: a quarter, at least 2 MiB (never more than
 /// `pool_max`). A full window of 2048 pages covers four PMDs, and the one its fault landed in
@@ -115,7 +115,7 @@ impl Ring {
         }
         Ok(Ring {
             base,
-            pages: (len / PAGE_SIZE) as u64,
+            pages: pages(len),
             unit: if huge { CHUNK_PAGES } else { 1 },
             head: CachePadded::default(),
             tail: CachePadded::default(),

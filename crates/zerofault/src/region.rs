@@ -13,7 +13,7 @@
 //! event applies only to ranges registered before the handler read it.
 
 use crate::handback::MissRun;
-use crate::page::{bytes, index, PAGE_SIZE, PMD_SIZE};
+use crate::page::{bytes, index, pages, PAGE_SIZE, PMD_SIZE};
 use crate::pagemap::PageMap;
 use crate::sys::mman;
 use crate::thp::PmdMap;
@@ -66,7 +66,7 @@ impl Range {
 
     /// Page index of an address inside the range.
     pub(crate) fn page_of(&self, addr: usize) -> u64 {
-        ((addr - self.start) / PAGE_SIZE) as u64
+        pages(addr - self.start)
     }
 
     pub(crate) fn addr_of(&self, page: u64) -> usize {
@@ -426,7 +426,7 @@ impl Drop for Region {
 mod tests {
     use super::*;
 
-    const P: u64 = (PMD_SIZE / PAGE_SIZE) as u64;
+    const P: u64 = crate::page::PMD_PAGES;
 
     /// Which PMD bits of the range at `start` are set, by PMD index.
     fn tables_at(t: &RangeTable, start: usize) -> Vec<bool> {
@@ -485,7 +485,7 @@ mod tests {
         let r = t.insert(start, pages, None);
         let end = r.end();
         // 1 GiB touched 4 GiB in, a few pages at both ends.
-        let (touched, touched_pages) = (start + 4 * GIB, (GIB / PAGE_SIZE) as u64);
+        let (touched, touched_pages) = (start + 4 * GIB, crate::page::pages(GIB));
         r.map.set(r.page_of(touched), touched_pages);
         r.pmds.mark_tables(touched, GIB);
         r.map.set(0, 10);

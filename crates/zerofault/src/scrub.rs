@@ -15,8 +15,8 @@
 //!   predicted write fault) or the pool was prefilled: a program whose faults are random or
 //!   read-only pays for no pool at all.
 
+use crate::page::pages;
 use crate::stats::{nanos, Stats};
-use crate::sys::mman::PAGE_SIZE;
 use crate::sys::thread;
 use crate::Shared;
 use std::sync::atomic::Ordering::*;
@@ -65,8 +65,8 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pool.as_ref() else { return };
-    let start = (shared.opts.scrub_start / PAGE_SIZE) as u64;
-    let stop = (shared.opts.scrub_stop / PAGE_SIZE) as u64;
+    let start = pages(shared.opts.scrub_start);
+    let stop = pages(shared.opts.scrub_stop);
     let stopping = || shared.stopping.load(Acquire) || shared.failed.load(Acquire);
     while !stopping() {
         let requested = shared.scrub.wait(Duration::from_secs(1));

@@ -14,7 +14,7 @@
 //! slow means memory is fragmented: the handler then copies for a while instead.
 
 use crate::fault::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
-use crate::page::{bytes, PAGE_SIZE, PMD_SIZE};
+use crate::page::{bytes, pages, PMD_SIZE};
 use crate::pagemap::PageMap;
 use crate::region::Range;
 use crate::stats::Stats;
@@ -218,7 +218,7 @@ impl<K: Kernel> Handler<'_, K> {
             // SAFETY: as above.
             p = self.note(unsafe { self.k.move_pages(dst, addr, PMD_SIZE) });
         }
-        Stats::add(&self.stats().pages_moved, (p.done / PAGE_SIZE) as u64);
+        Stats::add(&self.stats().pages_moved, pages(p.done));
         if p.errno.is_none() && p.done == PMD_SIZE {
             Stats::add(&self.stats().huge_made, 1);
             return Ok(());

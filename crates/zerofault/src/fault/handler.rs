@@ -3,7 +3,7 @@
 
 use super::{Kernel, BATCH};
 use crate::options::Options;
-use crate::page::PAGE_SIZE;
+use crate::page::{pages, PAGE_SIZE};
 use crate::predict::{Predictor, Tuning};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman::Mapping;
@@ -259,7 +259,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
         if !self.shared.streaming.load(Relaxed) {
             self.shared.streaming.store(true, Release);
         }
-        if pool.available() < (self.opts.scrub_start / PAGE_SIZE) as u64 {
+        if pool.available() < pages(self.opts.scrub_start) {
             self.shared.scrub.kick();
         }
     }

@@ -1,7 +1,7 @@
 //! Locating a fault: its range, whether its page is claimed already, its window, and the claim.
 
 use super::{Handler, Kernel};
-use crate::page::{page_start, pmd_start, PAGE_SIZE, PMD_PAGES};
+use crate::page::{page_start, pages, pmd_start, PAGE_SIZE, PMD_PAGES};
 use crate::predict::Outcome;
 use crate::region::Range;
 use crate::stats::Stats;
@@ -74,10 +74,7 @@ impl<K: Kernel> Handler<'_, K> {
         }
 
         // With huge pages, big windows end on PMD boundaries (in the address space).
-        let phase = self
-            .stage
-            .is_some()
-            .then_some((range.start / PAGE_SIZE) as u64 % PMD_PAGES);
+        let phase = self.stage.is_some().then_some(pages(range.start) % PMD_PAGES);
         let tuning = self.tuning;
         let predictor = self.predictor(range.id, tid);
         let w = predictor.on_fault_aligned(page, range.pages, phase, &tuning);

@@ -2,7 +2,7 @@
 //! what it does when the kernel says no. No userfaultfd is opened; the pool is real memory.
 
 use super::{Handler, Kernel};
-use crate::page::{bytes, PAGE_SIZE, PMD_SIZE};
+use crate::page::{bytes, pages, PAGE_SIZE, PMD_SIZE};
 use crate::sys::raw::Errno;
 use crate::sys::uffd::{Msg, Progress};
 use crate::{Options, Shared};
@@ -237,7 +237,7 @@ fn a_window_past_the_end_of_its_mapping_goes_in_up_to_the_end_and_no_further() {
         .calls()
         .iter()
         .filter(|c| c.0 == Verb::Move)
-        .map(|&(_, dst, len)| (((dst - BASE) / PAGE_SIZE) as u64, (len / PAGE_SIZE) as u64))
+        .map(|&(_, dst, len)| (pages(dst - BASE), pages(len)))
         .collect();
     assert_eq!(moves, [(0, 16), (0, 8), (8, 8), (8, 4), (8, 2), (10, 1)]);
 }
