@@ -111,6 +111,7 @@ impl<K: Kernel> Handler<'_, K> {
 mod tests {
     use super::*;
     use crate::predict::{Predictor, Tuning};
+    use crate::testing::Lcg;
 
     const T: Tuning = Tuning {
         start_order: 4,
@@ -151,11 +152,10 @@ mod tests {
         // A pseudo-random single-thread walk over a region: misses every time after the start.
         let mut p = Predictor::new();
         let mut r = MissRun::default();
-        let mut x: u64 = 12345;
+        let mut g = Lcg(12345);
         let mut tripped_at = None;
         for i in 0..100 {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let page = (x >> 33) % 262_144;
+            let page = g.below(262_144);
             let w = p.on_fault(page, 262_144, &T);
             if r.record(w.outcome, page, 8).is_some() {
                 tripped_at = Some(i);

@@ -118,6 +118,8 @@ mod region;
 mod scrub;
 pub mod stats;
 pub mod sys;
+#[cfg(test)]
+mod testing;
 mod thp;
 mod zero;
 

@@ -438,6 +438,7 @@ impl Drop for PageMap {
 )]
 mod tests {
     use super::*;
+    use crate::testing::Lcg;
     use std::sync::Arc;
 
     #[test]
@@ -523,23 +524,6 @@ mod tests {
     fn concurrent_claims_never_hand_out_a_page_twice() {
         let m = Arc::new(PageMap::new(4096));
         claim_from_four_threads(&m, 2000, |g| (g.below(4096), 1 + g.below(100)));
-    }
-
-    /// A small deterministic generator (no dependencies).
-    struct Lcg(u64);
-
-    impl Lcg {
-        fn next(&mut self) -> u64 {
-            self.0 = self
-                .0
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            self.0 >> 17
-        }
-
-        fn below(&mut self, n: u64) -> u64 {
-            self.next() % n
-        }
     }
 
     #[test]

@@ -1,0 +1,20 @@
+//! Helpers the engine's unit tests share.
+
+/// A small deterministic generator (a 64-bit LCG, Knuth's constants; no dependencies).
+pub(crate) struct Lcg(pub(crate) u64);
+
+impl Lcg {
+    /// The next value (the state's high bits).
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 = self
+            .0
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        self.0 >> 17
+    }
+
+    /// A value below `n`.
+    pub(crate) fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
