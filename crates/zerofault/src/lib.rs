@@ -91,7 +91,7 @@
 //! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
 //! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
 //!   (`zero.rs`).
-//! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters ([`stats`]), sizes ([`page`]).
+//! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters (`stats.rs`), sizes ([`page`]).
 //! - Every unsafe system call: [`sys`].
 
 #![warn(
@@ -116,7 +116,7 @@ mod pool;
 mod predict;
 mod region;
 mod scrub;
-pub mod stats;
+mod stats;
 pub mod sys;
 #[cfg(test)]
 mod testing;

@@ -8,7 +8,7 @@
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
 /// Window orders counted separately: 0..=options::MAX_ORDER.
-pub const ORDERS: usize = crate::options::MAX_ORDER as usize + 1;
+pub(crate) const ORDERS: usize = crate::options::MAX_ORDER as usize + 1;
 
 macro_rules! counters {
     ($( $(#[doc = $doc:literal])+ $name:ident, )*) => {
