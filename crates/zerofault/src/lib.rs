@@ -91,8 +91,12 @@
 //! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
 //! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
 //!   (`zero.rs`).
-//! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters (`stats.rs`), sizes ([`page`]).
-//! - Every unsafe system call: [`sys`].
+//! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
+//!   sizes ([`page`]).
+//! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
+//!   embedder living inside another program (the LD_PRELOAD shim) uses.
+//! - Checking: `sync.rs` switches the atomics to loom's under `cfg(loom)`; `tests/loom.rs`
+//!   models the ring and the page map; `testing.rs` holds what the unit tests share.
 
 #![warn(
     missing_docs,
