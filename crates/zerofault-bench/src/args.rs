@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use zerofault::options::MAX_SIZE;
-use zerofault::sys::mman::PAGE_SIZE;
+use zerofault::page::PAGE_SIZE;
 
 /// Flags of one subcommand: name -> whether it takes a value.
 pub struct Spec {

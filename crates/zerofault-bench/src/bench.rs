@@ -31,11 +31,11 @@ use crate::args::{
     gib_bytes, gib_in, has_blank_ends, int_in, int_list, invalid, positive_f64, Parsed, Spec, GB_ACCEPTS,
 };
 use crate::progress::Progress;
+use crate::sys::{online_cpus, pin_to_cpu, populate_write, process_cpu_time, Mapping, Thp};
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use zerofault::sys::mman::{populate_write, Mapping, Thp, PAGE_SIZE};
-use zerofault::sys::thread::{online_cpus, pin_to_cpu, process_cpu_time};
+use zerofault::page::PAGE_SIZE;
 use zerofault::{Engine, Options, Snapshot};
 
 pub(crate) const CACHE_LINE: usize = 64;

@@ -27,6 +27,7 @@ mod output;
 mod plot;
 mod progress;
 mod report;
+mod sys;
 
 pub use bench::shuffle;
 

@@ -64,8 +64,8 @@ impl Machine {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "unknown".into()),
             cpu,
-            cpus: zerofault::sys::thread::online_cpus(),
-            page_size: zerofault::sys::mman::system_page_size(),
+            cpus: crate::sys::online_cpus(),
+            page_size: crate::sys::system_page_size(),
             thp_enabled: read_selected(&format!("{THP}/enabled")),
             thp_defrag: read_selected(&format!("{THP}/defrag")),
             mthp: mthp.into_iter().map(|(_, s, v)| (s, v)).collect(),

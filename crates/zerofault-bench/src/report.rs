@@ -12,7 +12,7 @@ use crate::progress::Progress;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use zerofault::sys::mman::PAGE_SIZE;
+use zerofault::page::PAGE_SIZE;
 
 pub(crate) const SPEC: Spec = Spec {
     command: "report",
