@@ -180,16 +180,13 @@ pub fn int_in(lo: u64, hi: u64) -> impl Fn(&str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::args;
 
     const SPEC: Spec = Spec {
         command: "t",
         flags: &[("gb", true), ("quiet", false)],
         positional: true,
     };
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
 
     #[test]
     fn both_value_spellings_and_switches() {

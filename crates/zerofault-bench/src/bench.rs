@@ -664,10 +664,7 @@ pub(crate) fn native_at(rows: &[Row], at: Point) -> Option<&Row> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
+    use crate::fixtures::args;
 
     #[test]
     fn defaults_follow_the_issues() {

@@ -22,6 +22,8 @@
 
 pub mod args;
 mod bench;
+#[cfg(test)]
+mod fixtures;
 mod machine;
 mod output;
 mod plot;

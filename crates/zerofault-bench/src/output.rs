@@ -283,43 +283,10 @@ pub(crate) fn csv(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
 }
 
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use crate::bench::{parse, Base, Mode, Point};
-
-    pub(crate) fn machine() -> Machine {
-        Machine {
-            kernel: "6.8.0".into(),
-            cpu: "Test CPU".into(),
-            cpus: 2,
-            page_size: 4096,
-            thp_enabled: "madvise".into(),
-            thp_defrag: "madvise".into(),
-            mthp: vec![],
-        }
-    }
-
-    pub(crate) fn row(mode: &str, threads: usize, cachelines: usize, wall: f64) -> Row {
-        let mode = Mode::parse(mode).unwrap();
-        let engine = matches!(mode.base, Base::Engine | Base::EngineCold);
-        Row {
-            fill: (mode.base == Base::Engine).then_some((0.4, 0.39)),
-            stats: engine.then(|| Snapshot {
-                pages_moved: 1000,
-                ..Default::default()
-            }),
-            mode,
-            at: Point { threads, cachelines },
-            user: 0.1,
-            sys: 0.2,
-            wall,
-            wall_min: wall,
-            wall_max: wall * 1.1,
-            pages: 1000,
-            flt_per_cpu_s: 1000.0 / 0.3,
-            fault_per_wsec: 1000.0 / wall,
-        }
-    }
+    use crate::bench::parse;
+    use crate::fixtures::{args, machine, row};
 
     fn rows() -> Vec<Row> {
         vec![
@@ -330,10 +297,6 @@ pub(crate) mod tests {
             row("engine", 2, 1, 0.1),
             row("engine-cold:pool=off", 2, 1, 0.25),
         ]
-    }
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
     }
 
     #[test]

@@ -328,7 +328,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::tests::row;
+    use crate::fixtures::row;
 
     #[test]
     fn layout_follows_the_sweep() {

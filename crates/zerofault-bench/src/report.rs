@@ -329,11 +329,7 @@ pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::tests::{machine, row};
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
+    use crate::fixtures::{args, machine, row};
 
     #[test]
     fn parse_defaults_and_errors() {
