@@ -1,12 +1,6 @@
-//! The `zerofault` command.
+//! The `zerofault` command: argument dispatch. `bench` and `report` are zerofault-bench's; `run`,
+//! `verify` and `options` call the engine.
 
-mod args;
-mod bench;
-mod machine;
-mod output;
-mod plot;
-mod progress;
-mod report;
 mod run;
 mod verify;
 
@@ -31,43 +25,6 @@ usage:
       the engine's knobs (environment ZEROFAULT_<NAME>), their defaults and what they accept
 ";
 
-fn bench(rest: &[String]) -> Result<(), String> {
-    let a = bench::parse(rest)?;
-    if let Some(path) = &a.plot {
-        // Find out now, not after the whole run, that the plot cannot be written.
-        std::fs::File::create(path).map_err(|e| format!("--plot {}: {e}", path.display()))?;
-    }
-    let m = machine::Machine::read();
-    let rows = {
-        let progress = progress::Progress::new(a.runs(), a.quiet);
-        bench::run(&a, &progress)?
-    };
-    match a.format {
-        bench::Format::Table => print!("{}", output::table(&a, &m, &rows)),
-        bench::Format::Json => println!(
-            "{}",
-            serde_json::to_string_pretty(&output::json(&a, &m, &rows)).expect("JSON")
-        ),
-        bench::Format::Csv => print!("{}", output::csv(&a, &m, &rows)),
-    }
-    if let Some(path) = &a.plot {
-        let title = format!(
-            "zerofault bench: {} GiB, {}, touch {}, {}",
-            output::gb_text(a.gb),
-            a.pattern.name(),
-            a.touch,
-            if a.reps == 1 {
-                "1 rep".to_string()
-            } else {
-                format!("median of {} reps", a.reps)
-            }
-        );
-        plot::write(path, &title, &rows)?;
-        eprintln!("zerofault bench: plot written to {}", path.display());
-    }
-    Ok(())
-}
-
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "run") {
         let args: Vec<std::ffi::OsString> = std::env::args_os().skip(2).collect();
@@ -87,8 +44,8 @@ fn main() -> ExitCode {
         }
     };
     let result = match cmd {
-        "bench" => bench(rest),
-        "report" => report::parse(rest).and_then(|a| report::run(&a)),
+        "bench" => zerofault_bench::run_bench(rest),
+        "report" => zerofault_bench::run_report(rest),
         "verify" => verify::parse(rest).and_then(|a| verify::run(&a)),
         "options" => match rest.first().map(String::as_str) {
             None => {

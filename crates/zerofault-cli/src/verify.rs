@@ -8,11 +8,10 @@
 //! over data, would show another page's marker or lose its own. Each pattern also checks that
 //! it exercised the path it names (stats), so a pattern that silently took another path fails.
 
-use crate::args::{gib_bytes, gib_in, int_in, Spec};
-use crate::bench::shuffle;
-use zerofault::is_zero;
-use zerofault::sys::mman::PAGE_SIZE;
-use zerofault::{Engine, Options, Region, Snapshot};
+use zerofault::page::PAGE_SIZE;
+use zerofault::{is_zero, Engine, Options, Region, Snapshot};
+use zerofault_bench::args::{gib_bytes, gib_in, int_in, Spec};
+use zerofault_bench::shuffle;
 
 pub const SPEC: Spec = Spec {
     command: "verify",

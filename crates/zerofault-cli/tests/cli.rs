@@ -1,18 +1,16 @@
 //! The `zerofault` binary, run as a user would.
 
-use std::process::{Command, Output};
+mod common;
+
+use common::{stderr, temp_dir};
+use std::process::Output;
 
 fn zerofault(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_zerofault"));
-    c.args(args);
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    c.output().expect("run zerofault")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
+    common::zerofault()
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("run zerofault")
 }
 
 #[test]
@@ -92,13 +90,6 @@ fn the_readme_lists_every_knob_as_the_options_table_says() {
         zerofault::Options::table_markdown(),
         "README's knob table is stale: regenerate it with `zerofault options --markdown`"
     );
-}
-
-fn temp_dir(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("zerofault-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// The sweep, scaled down: every (threads, cachelines, mode) gets one row with the

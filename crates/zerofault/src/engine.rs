@@ -176,7 +176,7 @@ pub struct Engine {
 
 /// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
 /// shim passes their allocations and mappings straight to the system: they serve faults and
-/// must never wait on one. No thread-local is read (see [`sys::thread::is_engine_thread`]).
+/// must never wait on one. No thread-local is read (a registry of thread pointers in `sys/thread.rs`).
 pub fn in_engine_thread() -> bool {
     sys::thread::is_engine_thread()
 }

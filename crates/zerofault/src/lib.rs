@@ -69,13 +69,13 @@
 //! hangs.
 //!
 //! ## Living inside other programs
-//! The engine's threads are its own ([`sys::thread`]): made with `clone(2)` on memory and TLS
+//! The engine's threads are its own (`sys/thread.rs`): made with `clone(2)` on memory and TLS
 //! the engine set up, so that starting them calls no allocator of the program's, and started
 //! with every signal blocked. The engine holds one descriptor (the userfaultfd; Engine::drop
 //! wakes the handler by faulting on a page of its own, the doorbell). Every system call goes
-//! through [`sys::raw`], which leaves the program's `errno` alone; its mappings are never
+//! through `sys/raw.rs`, which leaves the program's `errno` alone; its mappings are never
 //! locked or populated by a program's `mlockall`, and are asked for in an address zone of their
-//! own ([`sys::mman`]). Its metadata grows with what is touched, not with what is reserved
+//! own (`sys/mman.rs`). Its metadata grows with what is touched, not with what is reserved
 //! (`pagemap.rs`). Where the program asks for transparent huge pages (`MADV_HUGEPAGE`), the
 //! kernel tries one before it asks us, with the PMD still empty, and the engine then moves a
 //! whole huge page into each PMD of the window, from the PMD of the fault on.
@@ -121,7 +121,7 @@ mod predict;
 mod region;
 mod scrub;
 mod stats;
-pub mod sys;
+mod sys;
 #[cfg(test)]
 mod testing;
 mod thp;

@@ -11,9 +11,10 @@
 pub mod mman {
     pub use crate::page::{PAGE_SIZE, PMD_SIZE};
     pub use crate::sys::mman::{
-        madvise, map_aligned, map_private, mlock, munlock, protect, resident_pages, thp_always, unmap, MADV_DONTNEED,
-        MADV_NOHUGEPAGE,
+        anon_huge_bytes, madvise, map_aligned, map_private, mlock, munlock, protect, resident_pages, thp_always,
+        thp_available, unmap, Mapping, Thp,
     };
+    pub use libc::{MADV_DONTNEED, MADV_NOHUGEPAGE};
 }
 
 /// System calls that leave the program's `errno` alone.

@@ -9,7 +9,7 @@ use std::io::Read;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 use zerofault::is_zero;
-use zerofault::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use zerofault::os::mman::{self, PAGE_SIZE, PMD_SIZE};
 use zerofault::{Engine, Options, Region};
 
 const MIB: usize = 1 << 20;
@@ -244,7 +244,7 @@ fn mremap_moves_the_page_states_with_the_pages() {
     assert_eq!(touch_and_check(&mut r, 0..512), 0); // first 2 MiB written
     let src = r.as_ptr() as usize;
     // Reserve a destination nobody else can take, then move onto it.
-    let hole = zerofault::sys::mman::Mapping::new(4 * MIB, zerofault::sys::mman::Thp::Never).unwrap();
+    let hole = mman::Mapping::new(4 * MIB, mman::Thp::Never).unwrap();
     // SAFETY: moves 4 MiB of our own region to the reserved range `hole` (MREMAP_FIXED replaces
     // it); the region's Region handle no longer owns those pages afterwards and nothing else
     // refers to them; `hole` is forgotten so it does not unmap the moved pages.

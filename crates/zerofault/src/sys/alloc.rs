@@ -67,9 +67,9 @@ use std::ptr;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 
 /// Bytes of one slab chunk, and the alignment of every chunk and every direct mapping.
-pub const CHUNK: usize = 256 << 10;
+pub(crate) const CHUNK: usize = 256 << 10;
 /// The largest size (and alignment) a size class serves; above it, direct mappings.
-pub const MAX_SMALL: usize = 32 << 10;
+pub(crate) const MAX_SMALL: usize = 32 << 10;
 
 /// The size classes: two per doubling from 32 B (16 then `3·2^k` between powers of two).
 const SIZES: [usize; 22] = [
@@ -197,8 +197,9 @@ static CONTENDED: AtomicUsize = AtomicUsize::new(0);
 static FORK_HELD: AtomicU32 = AtomicU32::new(0);
 
 /// Counters of the allocator, for the whole process.
+#[cfg(test)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct AllocStats {
+pub(crate) struct AllocStats {
     /// Slab chunks mapped (never unmapped), [`CHUNK`] bytes each.
     pub chunks: usize,
     /// Direct mappings alive now.
@@ -214,7 +215,8 @@ pub struct AllocStats {
 }
 
 /// The allocator's counters now.
-pub fn stats() -> AllocStats {
+#[cfg(test)]
+pub(crate) fn stats() -> AllocStats {
     AllocStats {
         chunks: CHUNKS.load(Relaxed),
         direct_maps: DIRECT_MAPS.load(Relaxed),

@@ -12,7 +12,7 @@ use super::raw;
 use std::io;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
-pub use crate::page::{PAGE_SIZE, PMD_SIZE};
+pub(crate) use crate::page::{PAGE_SIZE, PMD_SIZE};
 
 /// Where the engine asks for its own mappings: an address-space zone far from where the kernel
 /// places a program's mappings (top-down from below the stack) and its heap. A program that
@@ -43,7 +43,7 @@ unsafe fn sys_mmap(addr: usize, len: usize, prot: libc::c_int, flags: libc::c_in
 }
 
 /// The system page size, from sysconf.
-pub fn system_page_size() -> usize {
+pub(crate) fn system_page_size() -> usize {
     // SAFETY: sysconf has no preconditions.
     usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(0)
 }
@@ -128,7 +128,7 @@ pub fn munlock(addr: usize, len: usize) -> io::Result<()> {
 ///
 /// # Safety
 /// The caller owns `[addr, addr + len)` and wants its contents replaced by zero pages.
-pub unsafe fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
+pub(crate) unsafe fn map_fixed(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: the caller owns the range and wants its contents replaced by zero pages; MAP_FIXED
     // affects only `[addr, addr + len)`.
     unsafe {
@@ -168,14 +168,14 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Resul
 
 /// Allocates and zero-fills every page of the range now, writable (`MADV_POPULATE_WRITE`).
 /// The range must not be registered with a userfaultfd, or this would fault into ourselves.
-pub fn populate_write(addr: usize, len: usize) -> io::Result<()> {
+pub(crate) fn populate_write(addr: usize, len: usize) -> io::Result<()> {
     // SAFETY: populating changes no content: missing pages become zero pages, which is what
     // they read as already; present pages stay as they are.
     unsafe { madvise(addr, len, MADV_POPULATE_WRITE) }
 }
 
 /// The advices the engine uses, re-exported so that callers need no libc.
-pub use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE};
+pub(crate) use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE};
 
 /// How many pages of `[addr, addr + len)` are resident, from mincore(2). For tests and stats.
 pub fn resident_pages(addr: usize, len: usize) -> io::Result<usize> {

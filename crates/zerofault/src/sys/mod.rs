@@ -26,8 +26,8 @@
 //! - [`alloc`]: the engine's own allocator over raw mmap ([`alloc::EngineAlloc`]), so that the
 //!   shim's Rust allocations never reach the program's malloc.
 
-pub mod alloc;
-pub mod mman;
-pub mod raw;
-pub mod thread;
-pub mod uffd;
+pub(crate) mod alloc;
+pub(crate) mod mman;
+pub(crate) mod raw;
+pub(crate) mod thread;
+pub(crate) mod uffd;

@@ -90,14 +90,14 @@ pub unsafe fn syscall(nr: libc::c_long, a: [usize; 6]) -> isize {
 /// extended, as C passes it; the kernel reads the low 32 bits.
 #[inline]
 #[allow(clippy::cast_sign_loss, reason = "a register holds the int's bits, sign extended")]
-pub const fn int_arg(i: libc::c_int) -> usize {
+pub(crate) const fn int_arg(i: libc::c_int) -> usize {
     i as isize as usize
 }
 
 /// A C `unsigned long` argument (an ioctl request) as a register.
 #[inline]
 #[allow(clippy::cast_possible_truncation, reason = "64-bit targets only (lib.rs)")]
-pub const fn ulong_arg(u: libc::c_ulong) -> usize {
+pub(crate) const fn ulong_arg(u: libc::c_ulong) -> usize {
     u as usize
 }
 
@@ -108,7 +108,7 @@ pub const fn ulong_arg(u: libc::c_ulong) -> usize {
     clippy::cast_possible_wrap,
     reason = "fds are below INT_MAX"
 )]
-pub const fn fd_of(r: usize) -> std::os::fd::RawFd {
+pub(crate) const fn fd_of(r: usize) -> std::os::fd::RawFd {
     r as std::os::fd::RawFd
 }
 

@@ -98,7 +98,7 @@ static ENGINE_THREADS: [AtomicUsize; MAX_ENGINE_THREADS] = [const { AtomicUsize:
 static ENGINE_THREADS_HIGH: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether the calling thread is one made by [`spawn`] (and still running its body).
-pub fn is_engine_thread() -> bool {
+pub(crate) fn is_engine_thread() -> bool {
     let me = thread_id();
     let high = ENGINE_THREADS_HIGH.load(Acquire).min(MAX_ENGINE_THREADS);
     ENGINE_THREADS[..high].iter().any(|t| t.load(Relaxed) == me)
@@ -156,7 +156,7 @@ fn tcb_word(offset: usize) -> usize {
 /// word reused by a later thread.
 #[cfg(target_arch = "x86_64")]
 #[inline]
-pub fn thread_id() -> usize {
+pub(crate) fn thread_id() -> usize {
     tcb_word(0)
 }
 
@@ -280,7 +280,7 @@ fn read_layout() -> Result<TlsLayout, &'static str> {
 /// A thread made by [`spawn`]. Dropping the handle detaches it (its memory then lives as long
 /// as the process); [`EngineThread::join`] waits for it and frees its memory.
 #[derive(Debug)]
-pub struct EngineThread {
+pub(crate) struct EngineThread {
     block: usize,
     len: usize,
     /// Cleared by the kernel when the thread has exited (CLONE_CHILD_CLEARTID).
@@ -319,7 +319,7 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
 
 /// Starts an engine thread named `name` (at most 15 bytes shown) running `body`, with every
 /// signal blocked. Allocates nothing through the program's allocator.
-pub fn spawn(name: &str, body: Box<dyn FnOnce() + Send>) -> io::Result<EngineThread> {
+pub(crate) fn spawn(name: &str, body: Box<dyn FnOnce() + Send>) -> io::Result<EngineThread> {
     let mut n = [0u8; 16];
     for (d, s) in n.iter_mut().zip(name.bytes().take(15)) {
         *d = s;
@@ -480,12 +480,12 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
 
 impl EngineThread {
     /// The thread's stack and TLS mapping, as (address, length).
-    pub fn area(&self) -> (usize, usize) {
+    pub(crate) fn area(&self) -> (usize, usize) {
         (self.block, self.len)
     }
 
     /// The thread's kernel id, 0 once it has exited.
-    pub fn tid(&self) -> u32 {
+    pub(crate) fn tid(&self) -> u32 {
         if self.tid.is_null() {
             return 0;
         }
@@ -494,7 +494,7 @@ impl EngineThread {
     }
 
     /// Waits for the thread to exit, then frees its stack and TLS.
-    pub fn join(self) {
+    pub(crate) fn join(self) {
         #[cfg(not(target_arch = "x86_64"))]
         if let Some(h) = self.std {
             let _ = h.join();
@@ -522,7 +522,7 @@ impl EngineThread {
 
 /// Puts the calling thread in SCHED_IDLE, so that it runs only on otherwise idle CPUs.
 /// Where that is refused, falls back to nice 19. Returns which one took effect.
-pub fn make_idle() -> &'static str {
+pub(crate) fn make_idle() -> &'static str {
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: pid 0 is the calling thread; `param` is a valid sched_param.
     let idle = unsafe {
@@ -548,53 +548,38 @@ pub fn make_idle() -> &'static str {
 }
 
 /// The kernel thread id of the caller, as userfaultfd reports it with THREAD_ID.
-pub fn gettid() -> u32 {
+pub(crate) fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and no side effect.
     u32::try_from(unsafe { raw::syscall(libc::SYS_gettid, [0; 6]) }).unwrap_or(0)
 }
 
-/// User and system CPU time of the whole process so far (getrusage RUSAGE_SELF).
-pub fn process_cpu_time() -> (Duration, Duration) {
-    // SAFETY: an all-zero rusage is a valid value to be overwritten.
-    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: `ru` is a valid rusage to write into.
-    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
-    let tv = |t: libc::timeval| {
-        Duration::new(
-            u64::try_from(t.tv_sec).unwrap_or(0),
-            u32::try_from(t.tv_usec).unwrap_or(0) * 1000,
-        )
-    };
-    (tv(ru.ru_utime), tv(ru.ru_stime))
-}
-
 /// Number of online CPUs.
-pub fn online_cpus() -> usize {
+pub(crate) fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
     let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
     usize::try_from(n.max(1)).unwrap_or(1)
 }
 
 /// The 1-minute load average (from /proc/loadavg), if readable.
-pub fn loadavg_1min() -> Option<f64> {
+pub(crate) fn loadavg_1min() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/loadavg").ok()?;
     s.split_whitespace().next()?.parse().ok()
 }
 
 /// The CPU-time clock of one thread, readable from any thread while it lives.
 #[derive(Clone, Copy, Debug)]
-pub struct ThreadClock(libc::clockid_t);
+pub(crate) struct ThreadClock(libc::clockid_t);
 
 impl ThreadClock {
     /// The clock of the calling thread, by its tid (the kernel's CPUCLOCK_PERTHREAD encoding,
     /// as glibc's pthread_getcpuclockid computes it), so that it works on engine threads too.
-    pub fn current() -> ThreadClock {
+    pub(crate) fn current() -> ThreadClock {
         let tid = gettid() as libc::clockid_t;
         ThreadClock((!tid << 3) | 4 | 2)
     }
 
     /// CPU time used so far. Only meaningful while the thread lives.
-    pub fn read(&self) -> Duration {
+    pub(crate) fn read(&self) -> Duration {
         let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
         // SAFETY: `ts` is a valid timespec to write into; a stale clock id yields EINVAL and
         // leaves `ts` zero.
@@ -618,29 +603,12 @@ impl ThreadClock {
     }
 }
 
-/// Pins the calling thread to one CPU (`sched_setaffinity`); `cpu` is taken modulo the
-/// number of CPUs the mask can hold.
-pub fn pin_to_cpu(cpu: usize) -> io::Result<()> {
-    // SAFETY: an all-zero cpu_set_t is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    let bits = 8 * std::mem::size_of::<libc::cpu_set_t>();
-    // SAFETY: the index is below the set's capacity in bits.
-    unsafe { libc::CPU_SET(cpu % bits, &mut set) };
-    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
-    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// Closes a descriptor by number, for a copy that no owner will close (a forked child's copy
 /// of a descriptor whose owning object is leaked).
 ///
 /// # Safety
 /// No live owner will use or close `fd` again.
-pub unsafe fn close_fd(fd: RawFd) {
+pub(crate) unsafe fn close_fd(fd: RawFd) {
     // SAFETY: the caller guarantees no live owner will use or close `fd` again.
     let _ = unsafe { raw::call(libc::SYS_close, [raw::int_arg(fd), 0, 0, 0, 0, 0]) };
 }

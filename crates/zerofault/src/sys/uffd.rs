@@ -36,7 +36,7 @@ const UFFDIO_MOVE: libc::c_ulong = 0xC028_AA05;
 const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
 
 /// `UFFDIO_MOVE_MODE_ALLOW_SRC_HOLES`: a hole in the source moves as a hole.
-pub const MOVE_ALLOW_SRC_HOLES: u64 = 2;
+pub(crate) const MOVE_ALLOW_SRC_HOLES: u64 = 2;
 
 /// `UFFDIO_REGISTER_MODE_MISSING`: report faults on pages that have no PTE.
 const REGISTER_MODE_MISSING: u64 = 1;
@@ -108,7 +108,7 @@ impl std::error::Error for UffdError {}
 
 /// How far an installing ioctl got before it stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Progress {
+pub(crate) struct Progress {
     /// Bytes installed (and woken, unless DONTWAKE) from the start of the range.
     pub done: usize,
     /// `None` when the whole range was installed; otherwise the errno it stopped with.
@@ -117,7 +117,7 @@ pub struct Progress {
 
 /// One message read from the userfaultfd.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Msg {
+pub(crate) enum Msg {
     /// A thread touched a missing page.
     PageFault {
         /// The address touched.
@@ -159,7 +159,7 @@ pub enum Msg {
 /// `struct uffd_msg`: 32 bytes, the event type then a 24-byte union.
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
-pub struct RawMsg {
+pub(crate) struct RawMsg {
     event: u8,
     _reserved1: u8,
     _reserved2: u16,
@@ -169,7 +169,7 @@ pub struct RawMsg {
 
 impl RawMsg {
     /// Decodes the union according to the event type.
-    pub fn decode(&self) -> Msg {
+    pub(crate) fn decode(&self) -> Msg {
         let [a0, a1, a2] = self.arg;
         match self.event {
             EVENT_PAGEFAULT => Msg::PageFault {
@@ -238,7 +238,7 @@ struct UffdioZeropage {
 /// get the number back for a file of its own, which the engine must then never read, ioctl or
 /// close.
 #[derive(Debug)]
-pub struct Fd {
+pub(crate) struct Fd {
     fd: RawFd,
     /// `(st_dev, st_ino)` at open: each userfaultfd has an inode of its own.
     id: (u64, u64),
@@ -313,12 +313,12 @@ impl Fd {
     }
 
     /// The descriptor number.
-    pub fn raw(&self) -> RawFd {
+    pub(crate) fn raw(&self) -> RawFd {
         self.fd
     }
 
     /// Whether the number still names the file the engine opened.
-    pub fn still_ours(&self) -> bool {
+    pub(crate) fn still_ours(&self) -> bool {
         file_id(self.fd) == Ok(self.id)
     }
 }
@@ -338,7 +338,7 @@ impl Drop for Fd {
 
 /// An open, handshaken userfaultfd (non-blocking, close-on-exec).
 #[derive(Debug)]
-pub struct Uffd {
+pub(crate) struct Uffd {
     fd: Fd,
     features: Features,
 }
@@ -418,7 +418,7 @@ impl Uffd {
     /// The API handshake may be done once per descriptor, so a first descriptor asks for nothing
     /// and learns what is offered, and a second one asks for the subset we want. Only the second
     /// stays open.
-    pub fn open() -> Result<Uffd, UffdError> {
+    pub(crate) fn open() -> Result<Uffd, UffdError> {
         let probe = open_raw()?;
         let offered = handshake(probe, 0);
         close_raw(probe);
@@ -437,17 +437,17 @@ impl Uffd {
     }
 
     /// The features this descriptor was opened with.
-    pub fn features(&self) -> Features {
+    pub(crate) fn features(&self) -> Features {
         self.features
     }
 
     /// The descriptor number.
-    pub fn raw_fd(&self) -> RawFd {
+    pub(crate) fn raw_fd(&self) -> RawFd {
         self.fd.raw()
     }
 
     /// Whether the descriptor still is this userfaultfd (the program did not close it).
-    pub fn still_ours(&self) -> bool {
+    pub(crate) fn still_ours(&self) -> bool {
         self.fd.still_ours()
     }
 
@@ -467,7 +467,7 @@ impl Uffd {
     /// # Safety
     /// Anonymous private memory whose missing pages, from now on, only this descriptor's
     /// handler installs: a fault there waits for it (or for the descriptor to close).
-    pub unsafe fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
+    pub(crate) unsafe fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
         let mut r = UffdioRegister {
             range: UffdioRange {
                 start: start as u64,
@@ -483,12 +483,12 @@ impl Uffd {
 
     /// Unregisters `[start, start + len)`: the kernel serves its faults natively from now on,
     /// and threads blocked on faults there are woken. Pages already present stay.
-    pub fn unregister(&self, start: usize, len: usize) -> Result<(), Errno> {
+    pub(crate) fn unregister(&self, start: usize, len: usize) -> Result<(), Errno> {
         self.range_ioctl(UFFDIO_UNREGISTER, start, len)
     }
 
     /// Wakes threads blocked on faults in `[start, start + len)`; they retry their access.
-    pub fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
+    pub(crate) fn wake(&self, start: usize, len: usize) -> Result<(), Errno> {
         self.range_ioctl(UFFDIO_WAKE, start, len)
     }
 
@@ -513,7 +513,7 @@ impl Uffd {
     /// # Safety
     /// `src` must be readable for `len` bytes, and its bytes must be what the program may see
     /// at `dst`: the pages appear there as if the program had written them.
-    pub unsafe fn copy(&self, dst: usize, src: usize, len: usize) -> Progress {
+    pub(crate) unsafe fn copy(&self, dst: usize, src: usize, len: usize) -> Progress {
         self.transfer(UFFDIO_COPY, dst, src, len, 0)
     }
 
@@ -523,7 +523,7 @@ impl Uffd {
     /// # Safety
     /// The caller owns `[src, src + len)`: no one reads or writes it while the move runs, and
     /// it reads as missing afterwards. Its bytes must be what the program may see at `dst`.
-    pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> Progress {
+    pub(crate) unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> Progress {
         self.transfer(UFFDIO_MOVE, dst, src, len, 0)
     }
 
@@ -531,12 +531,12 @@ impl Uffd {
     ///
     /// # Safety
     /// As [`Uffd::move_pages`].
-    pub unsafe fn move_pages_mode(&self, dst: usize, src: usize, len: usize, mode: u64) -> Progress {
+    pub(crate) unsafe fn move_pages_mode(&self, dst: usize, src: usize, len: usize, mode: u64) -> Progress {
         self.transfer(UFFDIO_MOVE, dst, src, len, mode)
     }
 
     /// UFFDIO_ZEROPAGE: map the shared zero page read-only at the missing pages of the range.
-    pub fn zeropage(&self, dst: usize, len: usize) -> Progress {
+    pub(crate) fn zeropage(&self, dst: usize, len: usize) -> Progress {
         let mut z = UffdioZeropage {
             range: UffdioRange {
                 start: dst as u64,
@@ -552,7 +552,7 @@ impl Uffd {
 
     /// Reads as many pending messages as fit in `buf` without blocking. Returns 0 when none is
     /// pending.
-    pub fn read(&self, buf: &mut [RawMsg]) -> Result<usize, Errno> {
+    pub(crate) fn read(&self, buf: &mut [RawMsg]) -> Result<usize, Errno> {
         let bytes = std::mem::size_of_val(buf);
         // SAFETY: `buf` is valid for writes of `bytes` bytes; RawMsg is plain old data for which
         // every bit pattern is valid, and the kernel writes whole 32-byte messages.
@@ -573,7 +573,7 @@ impl Uffd {
 
     /// Blocks until a message is pending (or the descriptor is closed or broken). EINTR counts as
     /// ready: the caller reads, finds nothing, and waits again.
-    pub fn wait(&self) -> Result<(), Errno> {
+    pub(crate) fn wait(&self) -> Result<(), Errno> {
         let mut p = libc::pollfd {
             fd: self.raw_fd(),
             events: libc::POLLIN,

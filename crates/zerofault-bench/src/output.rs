@@ -6,7 +6,7 @@ use crate::machine::Machine;
 use serde_json::{json, Value};
 use zerofault::Snapshot;
 
-pub fn gb_text(gb: f64) -> String {
+pub(crate) fn gb_text(gb: f64) -> String {
     if gb.fract() == 0.0 {
         format!("{gb:.0}")
     } else {
@@ -15,13 +15,13 @@ pub fn gb_text(gb: f64) -> String {
 }
 
 /// `fault/wsec` of `r` over the native row at its point.
-pub fn ratio(rows: &[Row], r: &Row) -> Option<f64> {
+pub(crate) fn ratio(rows: &[Row], r: &Row) -> Option<f64> {
     native_at(rows, r.at).map(|n| r.fault_per_wsec / n.fault_per_wsec)
 }
 
 /// The ratio table: the modes other than native, and per point one `1.23x` cell each (`-`
 /// where a mode or the native row is missing). Points in the order of the rows.
-pub fn ratio_grid(rows: &[Row]) -> (Vec<String>, Vec<(Point, Vec<String>)>) {
+pub(crate) fn ratio_grid(rows: &[Row]) -> (Vec<String>, Vec<(Point, Vec<String>)>) {
     let others: Vec<String> = modes(rows).into_iter().filter(|m| m != "native").collect();
     let mut points: Vec<Point> = rows.iter().map(|r| r.at).collect();
     points.dedup();
@@ -44,12 +44,12 @@ pub fn ratio_grid(rows: &[Row]) -> (Vec<String>, Vec<(Point, Vec<String>)>) {
 }
 
 /// Modes in the order of their first row.
-pub fn modes(rows: &[Row]) -> Vec<String> {
+pub(crate) fn modes(rows: &[Row]) -> Vec<String> {
     distinct(rows.iter().map(|r| r.mode.name()))
 }
 
 /// The values in the order they first appear, each once.
-pub fn distinct<T: PartialEq>(v: impl Iterator<Item = T>) -> Vec<T> {
+pub(crate) fn distinct<T: PartialEq>(v: impl Iterator<Item = T>) -> Vec<T> {
     let mut out: Vec<T> = vec![];
     for x in v {
         if !out.contains(&x) {
@@ -60,7 +60,7 @@ pub fn distinct<T: PartialEq>(v: impl Iterator<Item = T>) -> Vec<T> {
 }
 
 /// What the run was: size, pattern, touch, reps.
-pub fn run_line(a: &BenchArgs) -> String {
+pub(crate) fn run_line(a: &BenchArgs) -> String {
     format!(
         "{} GiB per run, pattern {}, touch {}, {} reps{}: medians, wall min..max over the reps",
         gb_text(a.gb),
@@ -71,7 +71,7 @@ pub fn run_line(a: &BenchArgs) -> String {
     )
 }
 
-pub const TABLE_HEADER: [&str; 11] = [
+pub(crate) const TABLE_HEADER: [&str; 11] = [
     "Gb",
     "Rep",
     "Threads",
@@ -87,7 +87,7 @@ pub const TABLE_HEADER: [&str; 11] = [
 
 /// pft's table: one per mode (header once each, the seeds' column order: seed 003 adds CLine
 /// after Threads), then fault/wsec relative to native, then the pool fills and warnings.
-pub fn table(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
+pub(crate) fn table(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
     let h = TABLE_HEADER;
     let mut s = format!("# zerofault bench | {}\n# {}\n", m.line(), run_line(a));
     for mode in modes(rows) {
@@ -225,7 +225,7 @@ fn fields(a: &BenchArgs, rows: &[Row], r: &Row) -> Vec<(&'static str, Value)> {
 
 /// `{"machine": {...}, "rows": [...]}`; each row carries the fields of the table plus the
 /// engine's counters of its last rep (`engine_stats`, null for kernel modes).
-pub fn json(a: &BenchArgs, m: &Machine, rows: &[Row]) -> Value {
+pub(crate) fn json(a: &BenchArgs, m: &Machine, rows: &[Row]) -> Value {
     json!({
         "machine": m.json(),
         "rows": rows.iter().map(|r| {
@@ -255,7 +255,7 @@ fn csv_cell(v: &Value) -> String {
 
 /// The machine as a `#` comment line, then a header row and one row per line; engine counters
 /// are `engine_<name>` columns (empty for kernel modes), window orders space-separated.
-pub fn csv(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
+pub(crate) fn csv(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
     let mut s = format!("# zerofault bench | {}\n", m.line());
     let stat_names: Vec<String> = Snapshot::DOCS
         .iter()
@@ -283,43 +283,10 @@ pub fn csv(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
 }
 
 #[cfg(test)]
-pub mod tests {
+mod tests {
     use super::*;
-    use crate::bench::{parse, Base, Mode, Point};
-
-    pub fn machine() -> Machine {
-        Machine {
-            kernel: "6.8.0".into(),
-            cpu: "Test CPU".into(),
-            cpus: 2,
-            page_size: 4096,
-            thp_enabled: "madvise".into(),
-            thp_defrag: "madvise".into(),
-            mthp: vec![],
-        }
-    }
-
-    pub fn row(mode: &str, threads: usize, cachelines: usize, wall: f64) -> Row {
-        let mode = Mode::parse(mode).unwrap();
-        let engine = matches!(mode.base, Base::Engine | Base::EngineCold);
-        Row {
-            fill: (mode.base == Base::Engine).then_some((0.4, 0.39)),
-            stats: engine.then(|| Snapshot {
-                pages_moved: 1000,
-                ..Default::default()
-            }),
-            mode,
-            at: Point { threads, cachelines },
-            user: 0.1,
-            sys: 0.2,
-            wall,
-            wall_min: wall,
-            wall_max: wall * 1.1,
-            pages: 1000,
-            flt_per_cpu_s: 1000.0 / 0.3,
-            fault_per_wsec: 1000.0 / wall,
-        }
-    }
+    use crate::bench::parse;
+    use crate::fixtures::{args, machine, row};
 
     fn rows() -> Vec<Row> {
         vec![
@@ -330,10 +297,6 @@ pub mod tests {
             row("engine", 2, 1, 0.1),
             row("engine-cold:pool=off", 2, 1, 0.25),
         ]
-    }
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
     }
 
     #[test]

@@ -12,23 +12,23 @@ use crate::progress::Progress;
 use serde_json::json;
 use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
-use zerofault::sys::mman::PAGE_SIZE;
+use zerofault::page::PAGE_SIZE;
 
-pub const SPEC: Spec = Spec {
+pub(crate) const SPEC: Spec = Spec {
     command: "report",
     flags: &[("out", true), ("gb", true), ("reps", true), ("quiet", false)],
     positional: false,
 };
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct ReportArgs {
-    pub out: PathBuf,
-    pub gb: f64,
-    pub reps: u32,
-    pub quiet: bool,
+pub(crate) struct ReportArgs {
+    pub(crate) out: PathBuf,
+    pub(crate) gb: f64,
+    pub(crate) reps: u32,
+    pub(crate) quiet: bool,
 }
 
-pub fn parse(args: &[String]) -> Result<ReportArgs, String> {
+pub(crate) fn parse(args: &[String]) -> Result<ReportArgs, String> {
     let p = SPEC.parse(args)?;
     Ok(ReportArgs {
         out: p.get("out", PathBuf::from("zerofault-report"), "a directory", |s| {
@@ -41,15 +41,15 @@ pub fn parse(args: &[String]) -> Result<ReportArgs, String> {
 }
 
 /// One section of the report.
-pub struct Suite {
+pub(crate) struct Suite {
     /// File stem of its plot.
-    pub id: &'static str,
-    pub title: &'static str,
-    pub about: &'static str,
-    pub args: BenchArgs,
+    pub(crate) id: &'static str,
+    pub(crate) title: &'static str,
+    pub(crate) about: &'static str,
+    pub(crate) args: BenchArgs,
 }
 
-pub fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
+pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
     let threads: Vec<usize> = (1..=cpus).collect();
     let every: Vec<Mode> = Base::ALL.into_iter().map(Mode::plain).collect();
     let base = BenchArgs {
@@ -129,7 +129,7 @@ pub fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
-pub fn civil(days: i64) -> (i64, u32, u32) {
+pub(crate) fn civil(days: i64) -> (i64, u32, u32) {
     let z = days + 719_468;
     let era = z.div_euclid(146_097);
     let doe = z.rem_euclid(146_097);
@@ -148,7 +148,7 @@ fn today() -> String {
 }
 
 /// fault/wsec over native: one row per point, one column per mode.
-pub fn ratio_markdown(rows: &[Row]) -> String {
+pub(crate) fn ratio_markdown(rows: &[Row]) -> String {
     let (others, grid) = ratio_grid(rows);
     let mut s = String::from("| threads | cache lines |");
     for m in &others {
@@ -168,7 +168,7 @@ pub fn ratio_markdown(rows: &[Row]) -> String {
 }
 
 /// Every row: pft's columns, the wall's min..max, the ratio and the pool fill.
-pub fn rows_markdown(rows: &[Row]) -> String {
+pub(crate) fn rows_markdown(rows: &[Row]) -> String {
     let mut s = String::from(
         "| threads | cache lines | mode | user s | system s | wall s | wall min..max | flt/cpu/s | fault/wsec | x native | pool fill (wall s, apart) |\n\
          |---:|---:|---|---:|---:|---:|---|---:|---:|---:|---:|\n",
@@ -202,7 +202,7 @@ fn headline(rows: &[Row], mode: &str, threads: usize) -> String {
         .map_or("-".into(), |x| format!("{x:.2}x"))
 }
 
-pub fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], took: f64) -> String {
+pub(crate) fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], took: f64) -> String {
     let mut s = String::from("# zerofault benchmarks\n\n");
     s += &format!(
         "Made by `zerofault report` on {} in {:.0} s. Make your own with `cargo run --release -- report --out DIR`.\n\n",
@@ -277,7 +277,7 @@ pub fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], took: f
     s
 }
 
-pub fn run(r: &ReportArgs) -> Result<(), String> {
+pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
     let m = Machine::read();
     let suites = suites(r, m.cpus);
     for s in &suites {
@@ -329,11 +329,7 @@ pub fn run(r: &ReportArgs) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::tests::{machine, row};
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
+    use crate::fixtures::{args, machine, row};
 
     #[test]
     fn parse_defaults_and_errors() {

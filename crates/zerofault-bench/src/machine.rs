@@ -5,17 +5,17 @@ use serde_json::{json, Value};
 use std::fs;
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct Machine {
-    pub kernel: String,
-    pub cpu: String,
-    pub cpus: usize,
-    pub page_size: usize,
+pub(crate) struct Machine {
+    pub(crate) kernel: String,
+    pub(crate) cpu: String,
+    pub(crate) cpus: usize,
+    pub(crate) page_size: usize,
     /// `/sys/kernel/mm/transparent_hugepage/enabled`, the selected word.
-    pub thp_enabled: String,
+    pub(crate) thp_enabled: String,
     /// `.../transparent_hugepage/defrag`, the selected word.
-    pub thp_defrag: String,
+    pub(crate) thp_defrag: String,
     /// Each mTHP size (`hugepages-<size>/enabled`) with its selected word, smallest first.
-    pub mthp: Vec<(String, String)>,
+    pub(crate) mthp: Vec<(String, String)>,
 }
 
 const THP: &str = "/sys/kernel/mm/transparent_hugepage";
@@ -35,7 +35,7 @@ fn read_selected(path: &str) -> String {
 }
 
 impl Machine {
-    pub fn read() -> Machine {
+    pub(crate) fn read() -> Machine {
         let cpu = fs::read_to_string("/proc/cpuinfo")
             .ok()
             .and_then(|s| {
@@ -64,8 +64,8 @@ impl Machine {
                 .map(|s| s.trim().to_string())
                 .unwrap_or_else(|_| "unknown".into()),
             cpu,
-            cpus: zerofault::sys::thread::online_cpus(),
-            page_size: zerofault::sys::mman::system_page_size(),
+            cpus: crate::sys::online_cpus(),
+            page_size: crate::sys::system_page_size(),
             thp_enabled: read_selected(&format!("{THP}/enabled")),
             thp_defrag: read_selected(&format!("{THP}/defrag")),
             mthp: mthp.into_iter().map(|(_, s, v)| (s, v)).collect(),
@@ -73,7 +73,7 @@ impl Machine {
     }
 
     /// mTHP sizes that are not `never`, or `none` when all are.
-    pub fn mthp_text(&self) -> String {
+    pub(crate) fn mthp_text(&self) -> String {
         let on: Vec<String> = self
             .mthp
             .iter()
@@ -90,7 +90,7 @@ impl Machine {
     }
 
     /// One line: `Linux 6.8.0 | CPU | 2 CPUs | page 4096 B | THP ... | mTHP ...`.
-    pub fn line(&self) -> String {
+    pub(crate) fn line(&self) -> String {
         format!(
             "Linux {} | {} | {} CPUs | page {} B | THP enabled={} defrag={} | mTHP {}",
             self.kernel,
@@ -103,7 +103,7 @@ impl Machine {
         )
     }
 
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         json!({
             "kernel": self.kernel,
             "cpu": self.cpu,

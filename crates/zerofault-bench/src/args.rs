@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 use zerofault::options::MAX_SIZE;
-use zerofault::sys::mman::PAGE_SIZE;
+use zerofault::page::PAGE_SIZE;
 
 /// Flags of one subcommand: name -> whether it takes a value.
 pub struct Spec {
@@ -19,7 +19,7 @@ pub struct Spec {
 #[derive(Debug, Default)]
 pub struct Parsed {
     values: BTreeMap<String, String>,
-    pub positional: Vec<String>,
+    pub(crate) positional: Vec<String>,
 }
 
 impl Spec {
@@ -73,12 +73,12 @@ impl Spec {
 
 impl Parsed {
     /// The raw value of `--name`, if given (`""` for a switch).
-    pub fn raw(&self, name: &str) -> Option<&str> {
+    pub(crate) fn raw(&self, name: &str) -> Option<&str> {
         self.values.get(name).map(String::as_str)
     }
 
     /// Whether the switch `--name` was given.
-    pub fn has(&self, name: &str) -> bool {
+    pub(crate) fn has(&self, name: &str) -> bool {
         self.values.contains_key(name)
     }
 
@@ -99,7 +99,7 @@ impl Parsed {
 }
 
 /// The one line refusing `--name value`.
-pub fn invalid(name: &str, value: &str, accepts: &str) -> String {
+pub(crate) fn invalid(name: &str, value: &str, accepts: &str) -> String {
     let blanks = if has_blank_ends(value) {
         ", without blanks around it"
     } else {
@@ -109,7 +109,7 @@ pub fn invalid(name: &str, value: &str, accepts: &str) -> String {
 }
 
 /// Whether `s` starts or ends with a blank (space, tab, newline...).
-pub fn has_blank_ends(s: &str) -> bool {
+pub(crate) fn has_blank_ends(s: &str) -> bool {
     s.trim() != s
 }
 
@@ -125,7 +125,8 @@ pub fn gib_bytes(gb: f64) -> usize {
 }
 
 /// What `--gb` accepts in bench and report: one page up to 128 TiB.
-pub const GB_ACCEPTS: &str = "a size in GiB, at least one 4 KiB page and at most 131072 (128 TiB), e.g. 1 or 0.25";
+pub(crate) const GB_ACCEPTS: &str =
+    "a size in GiB, at least one 4 KiB page and at most 131072 (128 TiB), e.g. 1 or 0.25";
 
 /// A size in GiB of at least `min_bytes` (a multiple of the page size) and at most
 /// [`MAX_GB`]: a finite number, no blanks around it.
@@ -137,7 +138,7 @@ pub fn gib_in(min_bytes: usize) -> impl Fn(&str) -> Option<f64> {
 /// A list of integers in `lo..=hi`: `1,2,4`, `1..4` (every integer from 1 to 4) or a mix
 /// (`1..3,8`); each value once, at most 256 entries. Blanks are allowed around its commas and
 /// `..`, not around the whole list.
-pub fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> {
+pub(crate) fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> {
     move |s| {
         if has_blank_ends(s) {
             return None;
@@ -167,7 +168,7 @@ pub fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> {
 }
 
 /// A positive float, finite; no blanks around it.
-pub fn positive_f64(s: &str) -> Option<f64> {
+pub(crate) fn positive_f64(s: &str) -> Option<f64> {
     s.parse::<f64>().ok().filter(|v| v.is_finite() && *v > 0.0)
 }
 
@@ -179,16 +180,13 @@ pub fn int_in(lo: u64, hi: u64) -> impl Fn(&str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::args;
 
     const SPEC: Spec = Spec {
         command: "t",
         flags: &[("gb", true), ("quiet", false)],
         positional: true,
     };
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
 
     #[test]
     fn both_value_spellings_and_switches() {

@@ -31,17 +31,17 @@ use crate::args::{
     gib_bytes, gib_in, has_blank_ends, int_in, int_list, invalid, positive_f64, Parsed, Spec, GB_ACCEPTS,
 };
 use crate::progress::Progress;
+use crate::sys::{online_cpus, pin_to_cpu, populate_write, process_cpu_time, Mapping, Thp};
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
-use zerofault::sys::mman::{populate_write, Mapping, Thp, PAGE_SIZE};
-use zerofault::sys::thread::{online_cpus, pin_to_cpu, process_cpu_time};
+use zerofault::page::PAGE_SIZE;
 use zerofault::{Engine, Options, Snapshot};
 
-pub const CACHE_LINE: usize = 64;
-pub const MAX_CACHELINES: usize = PAGE_SIZE / CACHE_LINE;
+pub(crate) const CACHE_LINE: usize = 64;
+pub(crate) const MAX_CACHELINES: usize = PAGE_SIZE / CACHE_LINE;
 
-pub const SPEC: Spec = Spec {
+pub(crate) const SPEC: Spec = Spec {
     command: "bench",
     flags: &[
         ("gb", true),
@@ -61,7 +61,7 @@ pub const SPEC: Spec = Spec {
 
 /// How a mode gets its memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Base {
+pub(crate) enum Base {
     Native,
     Thp,
     Populate,
@@ -70,9 +70,9 @@ pub enum Base {
 }
 
 impl Base {
-    pub const ALL: [Base; 5] = [Base::Native, Base::Thp, Base::Populate, Base::Engine, Base::EngineCold];
+    pub(crate) const ALL: [Base; 5] = [Base::Native, Base::Thp, Base::Populate, Base::Engine, Base::EngineCold];
 
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Base::Native => "native",
             Base::Thp => "thp",
@@ -83,7 +83,7 @@ impl Base {
     }
 
     /// One line on what the mode measures.
-    pub fn about(self) -> &'static str {
+    pub(crate) fn about(self) -> &'static str {
         match self {
             Base::Native => "kernel 4 KiB faults (MADV_NOHUGEPAGE)",
             Base::Thp => "kernel huge-page faults (MADV_HUGEPAGE)",
@@ -100,18 +100,18 @@ impl Base {
 
 /// A mode: a base and, for the engine, knobs to change.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Mode {
-    pub base: Base,
-    pub knobs: Vec<(String, String)>,
+pub(crate) struct Mode {
+    pub(crate) base: Base,
+    pub(crate) knobs: Vec<(String, String)>,
 }
 
 impl Mode {
-    pub fn plain(base: Base) -> Mode {
+    pub(crate) fn plain(base: Base) -> Mode {
         Mode { base, knobs: vec![] }
     }
 
     /// `engine:max_order=3:pool=off` and so on.
-    pub fn name(&self) -> String {
+    pub(crate) fn name(&self) -> String {
         let mut s = self.base.name().to_string();
         for (k, v) in &self.knobs {
             s += &format!(":{k}={v}");
@@ -119,13 +119,13 @@ impl Mode {
         s
     }
 
-    pub fn is_native(&self) -> bool {
+    pub(crate) fn is_native(&self) -> bool {
         self.base == Base::Native && self.knobs.is_empty()
     }
 
     /// Parses one mode of the `--mode` list (blanks around it are the list's, allowed after
     /// its commas); the error says what is wrong in one line.
-    pub fn parse(s: &str) -> Result<Mode, String> {
+    pub(crate) fn parse(s: &str) -> Result<Mode, String> {
         let accepts = format!("it accepts {MODE_ACCEPTS}");
         let mut parts = s.trim().split(':');
         let head = parts.next().unwrap_or_default();
@@ -173,7 +173,7 @@ impl Mode {
     }
 
     /// The `--mode` list: modes separated by commas (blanks allowed after them), each once.
-    pub fn parse_list(s: &str) -> Result<Vec<Mode>, String> {
+    pub(crate) fn parse_list(s: &str) -> Result<Vec<Mode>, String> {
         if has_blank_ends(s) {
             return Err(invalid("mode", s, MODE_ACCEPTS));
         }
@@ -192,7 +192,7 @@ const MODE_ACCEPTS: &str = "a comma-separated list of native, thp, populate, eng
                             and engine:KNOB=VALUE[:KNOB=VALUE...] or engine-cold:KNOB=VALUE...";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pattern {
+pub(crate) enum Pattern {
     Seq,
     Random,
     /// Every K-th page, then the pages after those, and so on: each page once.
@@ -200,7 +200,7 @@ pub enum Pattern {
 }
 
 impl Pattern {
-    pub fn name(self) -> String {
+    pub(crate) fn name(self) -> String {
         match self {
             Pattern::Seq => "seq".into(),
             Pattern::Random => "random".into(),
@@ -221,25 +221,25 @@ impl Pattern {
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Format {
+pub(crate) enum Format {
     Table,
     Json,
     Csv,
 }
 
 #[derive(Clone, Debug, PartialEq)]
-pub struct BenchArgs {
-    pub gb: f64,
-    pub reps: u32,
-    pub threads: Vec<usize>,
-    pub cachelines: Vec<usize>,
-    pub modes: Vec<Mode>,
-    pub pattern: Pattern,
-    pub touch: f64,
-    pub format: Format,
-    pub plot: Option<PathBuf>,
-    pub pin: bool,
-    pub quiet: bool,
+pub(crate) struct BenchArgs {
+    pub(crate) gb: f64,
+    pub(crate) reps: u32,
+    pub(crate) threads: Vec<usize>,
+    pub(crate) cachelines: Vec<usize>,
+    pub(crate) modes: Vec<Mode>,
+    pub(crate) pattern: Pattern,
+    pub(crate) touch: f64,
+    pub(crate) format: Format,
+    pub(crate) plot: Option<PathBuf>,
+    pub(crate) pin: bool,
+    pub(crate) quiet: bool,
 }
 
 impl Default for BenchArgs {
@@ -261,14 +261,14 @@ impl Default for BenchArgs {
 }
 
 /// `--plot FILE`: a path ending in .svg or .png.
-pub fn plot_path(p: &Parsed) -> Result<Option<PathBuf>, String> {
+pub(crate) fn plot_path(p: &Parsed) -> Result<Option<PathBuf>, String> {
     p.get("plot", None, "a file name ending in .svg or .png", |s| {
         let lower = s.to_ascii_lowercase();
         (lower.ends_with(".svg") || lower.ends_with(".png")).then(|| Some(PathBuf::from(s)))
     })
 }
 
-pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
+pub(crate) fn parse(args: &[String]) -> Result<BenchArgs, String> {
     let p = SPEC.parse(args)?;
     let d = BenchArgs::default();
     let modes = match p.raw("mode") {
@@ -315,12 +315,12 @@ pub fn parse(args: &[String]) -> Result<BenchArgs, String> {
 }
 
 impl BenchArgs {
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         gib_bytes(self.gb)
     }
 
     /// Relations between flags.
-    pub fn check(&self) -> Result<(), String> {
+    pub(crate) fn check(&self) -> Result<(), String> {
         let most = self.threads.iter().copied().max().unwrap_or(1);
         if self.bytes() / PAGE_SIZE < most {
             return Err(format!(
@@ -332,7 +332,7 @@ impl BenchArgs {
     }
 
     /// Timed runs in all: combinations x modes x reps.
-    pub fn runs(&self) -> usize {
+    pub(crate) fn runs(&self) -> usize {
         self.threads.len() * self.cachelines.len() * self.modes.len() * self.reps as usize
     }
 }
@@ -351,7 +351,7 @@ struct Rep {
 
 /// Page indices each of `threads` threads touches, in order, prepared outside the timed part.
 /// Thread t owns the t-th contiguous share of `pages`.
-pub fn touch_lists(pattern: Pattern, touch: f64, threads: usize, pages: usize, rep: u32) -> Vec<Vec<u32>> {
+pub(crate) fn touch_lists(pattern: Pattern, touch: f64, threads: usize, pages: usize, rep: u32) -> Vec<Vec<u32>> {
     let share = pages / threads;
     (0..threads)
         .map(|t| {
@@ -444,9 +444,9 @@ fn timed_touch(base: usize, jobs: Vec<Job>, cachelines: usize) -> Result<(f64, f
 
 /// One point of the sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Point {
-    pub threads: usize,
-    pub cachelines: usize,
+pub(crate) struct Point {
+    pub(crate) threads: usize,
+    pub(crate) cachelines: usize,
 }
 
 fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, String> {
@@ -523,7 +523,7 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
     }
 }
 
-pub fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let n = v.len();
     if n == 0 {
@@ -538,26 +538,26 @@ pub fn median(mut v: Vec<f64>) -> f64 {
 
 /// The summary of one mode's reps at one point.
 #[derive(Clone, Debug)]
-pub struct Row {
-    pub mode: Mode,
-    pub at: Point,
-    pub user: f64,
-    pub sys: f64,
-    pub wall: f64,
-    pub wall_min: f64,
-    pub wall_max: f64,
-    pub pages: u64,
-    pub flt_per_cpu_s: f64,
-    pub fault_per_wsec: f64,
+pub(crate) struct Row {
+    pub(crate) mode: Mode,
+    pub(crate) at: Point,
+    pub(crate) user: f64,
+    pub(crate) sys: f64,
+    pub(crate) wall: f64,
+    pub(crate) wall_min: f64,
+    pub(crate) wall_max: f64,
+    pub(crate) pages: u64,
+    pub(crate) flt_per_cpu_s: f64,
+    pub(crate) fault_per_wsec: f64,
     /// Median pool fill before the timed part, (wall, cpu) seconds: `engine` modes only.
-    pub fill: Option<(f64, f64)>,
+    pub(crate) fill: Option<(f64, f64)>,
     /// The engine's counters during the last rep's timed part.
-    pub stats: Option<Snapshot>,
+    pub(crate) stats: Option<Snapshot>,
 }
 
 impl Row {
     /// Min and max wall over the reps differ by more than 25%.
-    pub fn spread_warning(&self) -> bool {
+    pub(crate) fn spread_warning(&self) -> bool {
         self.wall_max > self.wall_min * 1.25
     }
 }
@@ -596,7 +596,7 @@ fn mem_available() -> Option<usize> {
 
 /// Checks that the runs fit in memory: a run holds its region, and `engine` also its
 /// pre-filled pool, at once.
-pub fn check_memory(a: &BenchArgs) -> Result<(), String> {
+pub(crate) fn check_memory(a: &BenchArgs) -> Result<(), String> {
     let copies = if a.modes.iter().any(|m| m.base == Base::Engine) {
         2
     } else {
@@ -620,7 +620,7 @@ pub fn check_memory(a: &BenchArgs) -> Result<(), String> {
 }
 
 /// Checks that the engine modes can run here.
-pub fn preflight(modes: &[Mode]) -> Result<(), String> {
+pub(crate) fn preflight(modes: &[Mode]) -> Result<(), String> {
     if modes.iter().any(|m| m.base.is_engine()) {
         zerofault::probe().map_err(|e| {
             format!("zerofault bench: the engine modes need userfaultfd: {e} (native, thp and populate run without it)")
@@ -630,7 +630,7 @@ pub fn preflight(modes: &[Mode]) -> Result<(), String> {
 }
 
 /// Runs every point and mode; rows come out by threads, then cache lines, then mode.
-pub fn run(a: &BenchArgs, progress: &Progress) -> Result<Vec<Row>, String> {
+pub(crate) fn run(a: &BenchArgs, progress: &Progress) -> Result<Vec<Row>, String> {
     preflight(&a.modes)?;
     check_memory(a)?;
     let mut rows = vec![];
@@ -657,17 +657,14 @@ pub fn run(a: &BenchArgs, progress: &Progress) -> Result<Vec<Row>, String> {
 }
 
 /// The `native` row at the same point, for ratios.
-pub fn native_at(rows: &[Row], at: Point) -> Option<&Row> {
+pub(crate) fn native_at(rows: &[Row], at: Point) -> Option<&Row> {
     rows.iter().find(|r| r.at == at && r.mode.is_native())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn args(s: &str) -> Vec<String> {
-        s.split_whitespace().map(String::from).collect()
-    }
+    use crate::fixtures::args;
 
     #[test]
     fn defaults_follow_the_issues() {

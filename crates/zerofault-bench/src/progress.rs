@@ -14,7 +14,7 @@ struct State {
     stop: AtomicBool,
 }
 
-pub struct Progress {
+pub(crate) struct Progress {
     state: Arc<State>,
     drawer: Option<JoinHandle<()>>,
 }
@@ -22,7 +22,7 @@ pub struct Progress {
 const WIDTH: usize = 30;
 
 /// The bar line for `done` of `total` after `elapsed`.
-pub fn render(done: usize, total: usize, elapsed: Duration, label: &str) -> String {
+pub(crate) fn render(done: usize, total: usize, elapsed: Duration, label: &str) -> String {
     let total = total.max(1);
     let filled = WIDTH * done.min(total) / total;
     let secs = elapsed.as_secs_f64();
@@ -40,7 +40,7 @@ pub fn render(done: usize, total: usize, elapsed: Duration, label: &str) -> Stri
 
 impl Progress {
     /// A bar over `total` steps; `quiet` or a stderr that is not a terminal turns it off.
-    pub fn new(total: usize, quiet: bool) -> Progress {
+    pub(crate) fn new(total: usize, quiet: bool) -> Progress {
         let state = Arc::new(State {
             total,
             done: AtomicUsize::new(0),
@@ -73,14 +73,14 @@ impl Progress {
     }
 
     /// Names the step now running.
-    pub fn label(&self, text: String) {
+    pub(crate) fn label(&self, text: String) {
         if let Ok(mut l) = self.state.label.lock() {
             *l = text;
         }
     }
 
     /// One step finished.
-    pub fn step(&self) {
+    pub(crate) fn step(&self) {
         self.state.done.fetch_add(1, Relaxed);
     }
 }

@@ -74,18 +74,18 @@ fn legend_places(modes: &[String], width: i32) -> Vec<(i32, i32)> {
 
 /// What the figure shows; built from the rows so it can be checked without drawing.
 #[derive(Debug, PartialEq)]
-pub struct Layout {
+pub(crate) struct Layout {
     /// `threads` or `cache lines per page`.
-    pub x_name: &'static str,
+    pub(crate) x_name: &'static str,
     /// The panel columns: (title, value of the other dimension).
-    pub columns: Vec<(String, usize)>,
+    pub(crate) columns: Vec<(String, usize)>,
     /// Mode names, one line each.
-    pub modes: Vec<String>,
+    pub(crate) modes: Vec<String>,
     /// Whether a ratio row is drawn (a native row exists).
-    pub ratios: bool,
+    pub(crate) ratios: bool,
 }
 
-pub fn layout(rows: &[Row]) -> Layout {
+pub(crate) fn layout(rows: &[Row]) -> Layout {
     let threads = distinct(rows.iter().map(|r| r.at.threads));
     let lines = distinct(rows.iter().map(|r| r.at.cachelines));
     let by_lines = lines.len() > 1;
@@ -145,7 +145,7 @@ impl Layout {
 }
 
 /// Writes the plot; the format follows the file name.
-pub fn write(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
+pub(crate) fn write(path: &Path, title: &str, rows: &[Row]) -> Result<(), String> {
     if rows.is_empty() {
         return Err("--plot: no rows to plot".into());
     }
@@ -328,7 +328,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::tests::row;
+    use crate::fixtures::row;
 
     #[test]
     fn layout_follows_the_sweep() {

@@ -1,0 +1,179 @@
+//! The system calls pft makes itself, apart from the engine's seam: plain kernel memory for the
+//! kernel modes (an anonymous mapping, 2 MiB aligned, with its THP advice), `MADV_POPULATE_WRITE`,
+//! pinning a thread to a CPU, the process's CPU time, the CPU count and the page size.
+//!
+//! The engine's seam (`zerofault::sys`) makes raw system calls that leave `errno` alone, for a
+//! shim inside other programs; pft is a program of its own and calls libc.
+
+use std::io;
+use std::time::Duration;
+use zerofault::page::{PAGE_SIZE, PMD_SIZE};
+
+/// Transparent huge page advice for a [`Mapping`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Thp {
+    /// `MADV_NOHUGEPAGE`: 4 KiB faults.
+    Never,
+    /// `MADV_HUGEPAGE`.
+    Always,
+}
+
+/// An owned anonymous private read-write mapping, 2 MiB aligned, unmapped on drop: the memory
+/// of a kernel mode's run.
+#[derive(Debug)]
+pub(crate) struct Mapping {
+    addr: usize,
+    len: usize,
+}
+
+impl Mapping {
+    /// Maps `len` bytes (rounded up to pages), 2 MiB aligned, with `thp` advice.
+    pub(crate) fn new(len: usize, thp: Thp) -> io::Result<Mapping> {
+        let len = len.max(1).next_multiple_of(PAGE_SIZE);
+        let total = len
+            .checked_add(PMD_SIZE)
+            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
+        // SAFETY: a fresh anonymous private mapping where the kernel chooses (no MAP_FIXED): no
+        // existing memory is affected.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                total,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        if base == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let base = base as usize;
+        let addr = base.next_multiple_of(PMD_SIZE);
+        // The ends beyond the aligned `len` bytes go back; each is page aligned, inside the
+        // mapping just made, and nobody has seen it.
+        for (at, n) in [(base, addr - base), (addr + len, base + total - (addr + len))] {
+            if n > 0 {
+                // SAFETY: [at, at + n) is part of our fresh mapping, outside the part we keep.
+                unsafe { libc::munmap(at as *mut libc::c_void, n) };
+            }
+        }
+        let m = Mapping { addr, len };
+        let advice = match thp {
+            Thp::Never => libc::MADV_NOHUGEPAGE,
+            Thp::Always => libc::MADV_HUGEPAGE,
+        };
+        // SAFETY: THP advice on the mapping we own changes no byte of it.
+        if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
+            return Err(io::Error::last_os_error()); // `m` unmaps on the way out
+        }
+        Ok(m)
+    }
+
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.addr as *mut u8
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping is ours, made in `new`, unmapped once, here; whoever wrote to it
+        // (the touch threads) has been joined.
+        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
+    }
+}
+
+/// Allocates and zero-fills every page of `[addr, addr + len)` now, writable
+/// (`MADV_POPULATE_WRITE`, Linux 5.14). The range must not be registered with a userfaultfd.
+pub(crate) fn populate_write(addr: usize, len: usize) -> io::Result<()> {
+    // SAFETY: populating faults pages in as a write would; it changes no byte of a page that is
+    // already there.
+    if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) } == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Pins the calling thread to one CPU (`sched_setaffinity`); `cpu` is taken modulo the
+/// number of CPUs the mask can hold.
+pub(crate) fn pin_to_cpu(cpu: usize) -> io::Result<()> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    let bits = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: the index is below the set's capacity in bits.
+    unsafe { libc::CPU_SET(cpu % bits, &mut set) };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// User and system CPU time of the whole process so far (getrusage RUSAGE_SELF): every thread,
+/// the engine's included.
+pub(crate) fn process_cpu_time() -> (Duration, Duration) {
+    // SAFETY: an all-zero rusage is a valid value to be overwritten.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid rusage to write into.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    (tv(ru.ru_utime), tv(ru.ru_stime))
+}
+
+/// Number of online CPUs.
+pub(crate) fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    n.max(1) as usize
+}
+
+/// The system page size, from sysconf.
+pub(crate) fn system_page_size() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    unsafe { libc::sysconf(libc::_SC_PAGESIZE) as usize }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mappings_are_aligned_writable_and_advised() {
+        for thp in [Thp::Never, Thp::Always] {
+            let m = Mapping::new(3 * PMD_SIZE + 5, thp).unwrap();
+            let addr = m.as_ptr() as usize;
+            assert_eq!(addr % PMD_SIZE, 0);
+            assert_eq!(m.len, 3 * PMD_SIZE + PAGE_SIZE);
+            populate_write(addr, m.len).unwrap();
+            // SAFETY: the last byte of the mapping, which is ours and populated.
+            unsafe { ((addr + m.len - 1) as *mut u8).write_volatile(1) };
+            let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+            let head = format!("{addr:x}-");
+            let vma = smaps.split_once(&head).map(|(_, rest)| rest).unwrap_or_default();
+            let flags = vma.lines().find_map(|l| l.strip_prefix("VmFlags:")).unwrap_or_default();
+            let want = if thp == Thp::Never { " nh" } else { " hg" };
+            assert!(flags.contains(want), "{thp:?}: {flags}");
+        }
+    }
+
+    #[test]
+    fn cpu_time_counts_and_pinning_takes() {
+        let (u0, s0) = process_cpu_time();
+        let t = std::time::Instant::now();
+        while t.elapsed() < Duration::from_millis(20) {
+            std::hint::black_box(0u64);
+        }
+        let (u1, s1) = process_cpu_time();
+        assert!(u1 + s1 > u0 + s0);
+        // SAFETY: sched_getcpu has no preconditions; the CPU it names is one we may run on.
+        let here = unsafe { libc::sched_getcpu() };
+        assert!(here >= 0);
+        std::thread::spawn(move || pin_to_cpu(here as usize).unwrap())
+            .join()
+            .unwrap();
+        assert_eq!(system_page_size(), PAGE_SIZE);
+    }
+}
