@@ -27,6 +27,9 @@ pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
 }
 
 /// Unmaps memory from zerofault_map. 0, or -1 with errno set.
+///
+/// # Safety
+/// `[p, p + len)` is a mapping from `zerofault_map` that nothing uses any more.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
     // SAFETY: the caller hands back a mapping it owns.
@@ -43,6 +46,9 @@ pub extern "C" fn zerofault_active() -> c_int {
 
 /// Writes the counters as one JSON object, NUL-terminated, into `buf` (at most `cap` bytes,
 /// truncated if short). Returns the JSON's length without the NUL, like snprintf.
+///
+/// # Safety
+/// `buf` is valid for writes of `cap` bytes (or `cap` is 0).
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_stats_json(buf: *mut c_char, cap: size_t) -> size_t {
     let _g = enter();

@@ -21,6 +21,10 @@ fn large(size: usize, align: usize) -> Option<*mut c_void> {
         .map(|p| p as *mut c_void)
 }
 
+/// malloc(3): a large request (at least the `preload_threshold` knob) gets an arena block the engine serves; the rest goes to the next allocator.
+///
+/// # Safety
+/// As C's: none beyond the C runtime's (the block is freed with this library's `free`).
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     if next::resolving() {
@@ -33,6 +37,10 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     unsafe { next::malloc(size) }
 }
 
+/// calloc(3): as `malloc`; an arena block is zero already (fresh memory, or discarded when freed).
+///
+/// # Safety
+/// As C's: none beyond the C runtime's.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     if next::resolving() {
@@ -50,6 +58,10 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     unsafe { next::calloc(n, size) }
 }
 
+/// free(3): an arena block goes back to the arena (its pages discarded); anything else to the next allocator.
+///
+/// # Safety
+/// `p` is null, or a block this process's allocator returned and nobody freed (a bad pointer into the arena aborts with one line, as glibc does).
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || next::in_boot(p) {
@@ -80,6 +92,12 @@ unsafe fn move_block(q: usize, p: usize, len: usize) {
     unsafe { std::ptr::copy_nonoverlapping((p + moved) as *const u8, (q + moved) as *mut u8, len - moved) };
 }
 
+/// realloc(3): arena blocks shrink in place, and grow in place where the arena has room, else
+/// move (pages moved, not copied, where the engine can); a block of the next allocator that
+/// grows past `preload_threshold` moves into the arena, once.
+///
+/// # Safety
+/// As `free` for `p`; the old block is not used after a successful call.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     if p.is_null() {
@@ -151,6 +169,9 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
 }
 
 /// reallocarray(3): glibc's calls its own realloc, which would not know an arena block.
+///
+/// # Safety
+/// As `realloc`.
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
@@ -161,6 +182,10 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -
     unsafe { realloc(p, total) }
 }
 
+/// posix_memalign(3): as `malloc`, aligned.
+///
+/// # Safety
+/// `out` is valid for the write of one pointer.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
     if align.is_power_of_two() && align % std::mem::size_of::<usize>() == 0 {
@@ -174,6 +199,10 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, si
     unsafe { next::posix_memalign(out, align, size) }
 }
 
+/// aligned_alloc(3): as `malloc`, aligned.
+///
+/// # Safety
+/// As C's: none beyond the C runtime's.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     if let Some(p) = large(size, align) {
@@ -183,6 +212,10 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
     unsafe { next::aligned_alloc(align, size) }
 }
 
+/// memalign(3): as `malloc`, aligned.
+///
+/// # Safety
+/// As C's: none beyond the C runtime's.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     if let Some(p) = large(size, align) {
@@ -192,6 +225,10 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     unsafe { next::memalign(align, size) }
 }
 
+/// valloc(3): as `malloc`, page aligned.
+///
+/// # Safety
+/// As C's: none beyond the C runtime's.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     if let Some(p) = large(size, PAGE_SIZE) {
@@ -201,6 +238,10 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     unsafe { next::valloc(size) }
 }
 
+/// pvalloc(3): as `malloc`, page aligned and rounded up to pages.
+///
+/// # Safety
+/// As C's: none beyond the C runtime's.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     if let Some(p) = large(size.next_multiple_of(PAGE_SIZE), PAGE_SIZE) {
@@ -210,6 +251,10 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     unsafe { next::pvalloc(size) }
 }
 
+/// malloc_usable_size(3): an arena block's usable bytes, or the next allocator's answer.
+///
+/// # Safety
+/// `p` is null or a live block of this process's allocator.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     if p.is_null() || next::in_boot(p) {

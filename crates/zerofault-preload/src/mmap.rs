@@ -45,6 +45,9 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
 
 /// madvise(2). Huge-page advice on served memory is passed to the engine, which then serves
 /// those PMDs with huge pages as the kernel would.
+///
+/// # Safety
+/// As madvise(2): the caller owns the range (`MADV_DONTNEED` discards it).
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -66,6 +69,10 @@ unsafe fn sys_mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd
     unsafe { libc::syscall(libc::SYS_mmap, addr, len, prot, flags, fd, off) as *mut c_void }
 }
 
+/// mmap(2): a large anonymous private mapping is registered with the engine (served from then on); everything else passes through.
+///
+/// # Safety
+/// As mmap(2): with `MAP_FIXED` the caller owns what the mapping replaces.
 #[no_mangle]
 pub unsafe extern "C" fn mmap(
     addr: *mut c_void,
@@ -83,6 +90,10 @@ pub unsafe extern "C" fn mmap(
     p
 }
 
+/// mmap64(2): as `mmap`.
+///
+/// # Safety
+/// As `mmap`.
 #[no_mangle]
 pub unsafe extern "C" fn mmap64(
     addr: *mut c_void,
@@ -120,6 +131,9 @@ unsafe fn sys_mremap(
 /// as they would natively) and the kernel does exactly what it would do without the shim; the
 /// engine then serves what the program has afterwards: the result (moved, grown or shrunk) and
 /// the source of a MREMAP_DONTUNMAP (still mapped, now empty).
+///
+/// # Safety
+/// As mremap(2): the caller owns both ranges, and the old one is not used after a move.
 #[no_mangle]
 pub unsafe extern "C" fn mremap(
     old: *mut c_void,
@@ -159,6 +173,9 @@ pub unsafe extern "C" fn mremap(
 /// staging reservations and the arena's free space among them: those are made `PROT_NONE`
 /// first (never populated), and the engine's own mappings unlocked afterwards. `MCL_FUTURE`
 /// is remembered, so that new arena blocks are locked as a native mapping would be.
+///
+/// # Safety
+/// As mlockall(2): no pointer is passed; unsafe as the C symbol the program calls.
 #[no_mangle]
 pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
     let g = enter();
@@ -199,6 +216,10 @@ fn set_lock_future(on: bool) {
     }
 }
 
+/// munlockall(2): passed through, and the engine's pool is refilled again.
+///
+/// # Safety
+/// As munlockall(2): no pointer is passed; unsafe as the C symbol the program calls.
 #[no_mangle]
 pub unsafe extern "C" fn munlockall() -> c_int {
     // SAFETY: munlockall takes no argument.
