@@ -113,11 +113,7 @@ mod tests {
     use crate::predict::{Predictor, Tuning};
     use crate::testing::Lcg;
 
-    const T: Tuning = Tuning {
-        start_order: 4,
-        order_step: 2,
-        max_order: 11,
-    };
+    const T: Tuning = crate::testing::TUNING;
 
     #[test]
     fn miss_run_hands_back_the_span_after_limit_misses_in_a_row() {

@@ -157,11 +157,7 @@ impl Predictor {
 mod tests {
     use super::*;
 
-    const T: Tuning = Tuning {
-        start_order: 4,
-        order_step: 2,
-        max_order: 11,
-    };
+    const T: Tuning = crate::testing::TUNING;
 
     #[test]
     fn sequential_faults_grow_the_window_to_the_max_order() {

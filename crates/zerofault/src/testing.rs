@@ -1,5 +1,14 @@
 //! Helpers the engine's unit tests share.
 
+use crate::predict::Tuning;
+
+/// The window knobs' defaults (start order 4, step 2, max order 11).
+pub(crate) const TUNING: Tuning = Tuning {
+    start_order: 4,
+    order_step: 2,
+    max_order: 11,
+};
+
 /// A small deterministic generator (a 64-bit LCG, Knuth's constants; no dependencies).
 pub(crate) struct Lcg(pub(crate) u64);
 
