@@ -95,8 +95,10 @@
 //!   sizes ([`page`]).
 //! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
 //!   embedder living inside another program (the LD_PRELOAD shim) uses.
-//! - Checking: `sync.rs` switches the atomics to loom's under `cfg(loom)`; `tests/loom.rs`
-//!   models the ring and the page map; `testing.rs` holds what the unit tests share.
+//! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
+//!   and `loom_tests` in `pool.rs` and `pagemap.rs` model the ring and the page map; debug
+//!   builds check the ring's and the range table's invariants (`is_valid`) after each change;
+//!   `testing.rs` holds what the unit tests share.
 
 #![warn(
     missing_docs,
@@ -121,6 +123,7 @@ mod predict;
 mod region;
 mod scrub;
 mod stats;
+mod sync;
 mod sys;
 #[cfg(test)]
 mod testing;
