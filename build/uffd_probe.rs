@@ -142,10 +142,65 @@ fn front() {
     }
 }
 
+/// For the `zerofault` command: builds the shim (the front and the shim proper) with a cargo of
+/// its own, in a target directory under OUT_DIR (the outer build holds its own directory's
+/// lock), with the same profile, and hands the two files to the binary, which carries them
+/// (`include_bytes!`, see crates/zerofault-cli/src/embedded.rs). So a `zerofault` installed
+/// with `cargo install` needs nothing beside it. The nested cargo shares the outer one's job
+/// slots (it reads CARGO_MAKEFLAGS) and its flags (CARGO_ENCODED_RUSTFLAGS).
+fn embed_shim() {
+    if std::env::var("CARGO_PKG_NAME").as_deref() != Ok("zerofault-cli") {
+        return;
+    }
+    let manifest = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap());
+    let crates = manifest.parent().expect("crates/");
+    let preload = crates.join("zerofault-preload");
+    for p in [
+        preload.join("src"),
+        preload.join("front"),
+        preload.join("Cargo.toml"),
+        crates.join("zerofault/src"),
+        crates.join("zerofault/Cargo.toml"),
+        crates.join("../build/uffd_probe.rs"),
+        crates.join("../Cargo.lock"),
+    ] {
+        println!("cargo:rerun-if-changed={}", p.display());
+    }
+    let target = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("shim");
+    let release = std::env::var("PROFILE").as_deref() == Ok("release");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = std::process::Command::new(&cargo);
+    cmd.arg("build")
+        .arg("--manifest-path")
+        .arg(preload.join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(&target);
+    if release {
+        cmd.arg("--release");
+    }
+    for var in ["CARGO_TARGET_DIR", "CARGO_BUILD_TARGET_DIR", "CARGO_PRIMARY_PACKAGE"] {
+        cmd.env_remove(var);
+    }
+    let status = cmd
+        .status()
+        .unwrap_or_else(|e| panic!("cannot run {cargo} to build the shim the command carries: {e}"));
+    assert!(status.success(), "building the shim the command carries failed");
+    let dir = target.join(if release { "release" } else { "debug" });
+    for (var, file) in [
+        ("ZEROFAULT_EMBED_FRONT", "libzerofault.so"),
+        ("ZEROFAULT_EMBED_SHIM", "libzerofault_shim.so"),
+    ] {
+        let path = dir.join(file);
+        assert!(path.is_file(), "the shim build left no {}", path.display());
+        println!("cargo:rustc-env={var}={}", path.display());
+    }
+}
+
 fn main() {
     println!("cargo:rerun-if-env-changed=CC");
     static_unwinder();
     front();
+    embed_shim();
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_uffd)");
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_stress_ng)");
     println!("cargo:rerun-if-env-changed=ZEROFAULT_REQUIRE_UFFD");

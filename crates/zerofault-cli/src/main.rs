@@ -1,6 +1,7 @@
 //! The `zerofault` command: argument dispatch. `bench` and `report` are zerofault-bench's; `run`,
 //! `verify` and `options` call the engine.
 
+mod embedded;
 mod run;
 mod verify;
 
@@ -17,7 +18,7 @@ usage:
       modes: native, thp, populate, engine, engine-cold, engine:KNOB=VALUE[:KNOB=VALUE]
   zerofault report [--out DIR] [--gb F] [--reps N] [--quiet]
       the headline suite; writes DIR/BENCHMARKS.md with tables, ratios and plots
-  zerofault run [--stats] [--KNOB=VALUE ...] -- PROGRAM [ARGS]
+  zerofault run [--stats] [--verbose] [--KNOB=VALUE ...] -- PROGRAM [ARGS]
       runs PROGRAM with the LD_PRELOAD shim: its large anonymous memory is served by the engine
   zerofault verify [--gb F] [--threads N]
       every served page reads zero before the first write, under several patterns

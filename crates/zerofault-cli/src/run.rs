@@ -1,9 +1,11 @@
-//! `zerofault run [--stats] [--KNOB=VALUE ...] -- PROGRAM ARGS`: runs an unmodified program
-//! with the LD_PRELOAD shim, found beside this binary; the program's exit status is ours (the
-//! program replaces this process).
+//! `zerofault run [--stats] [--verbose] [--KNOB=VALUE ...] -- PROGRAM ARGS`: runs an
+//! unmodified program with the LD_PRELOAD shim, found beside this binary (a cargo build), or
+//! else the copy this binary carries, written to a cache directory ([`crate::embedded`]); the
+//! program's exit status is ours (the program replaces this process).
 //!
-//! Fail open: a refused knob value, or a shim that cannot be found, is one line on stderr and
-//! the program runs without the shim.
+//! Fail open: a refused knob value, a shim that cannot be found or written, or a program the
+//! dynamic loader will not preload into (static, set-user-ID), is one line on stderr and the
+//! program runs without the shim.
 
 use std::ffi::OsString;
 use std::os::unix::process::CommandExt;
@@ -20,16 +22,19 @@ pub const SHIM_PROPER: &str = "libzerofault_shim.so";
 #[derive(Debug, PartialEq)]
 pub struct RunArgs {
     pub stats: bool,
+    /// The shim says, in each process, whether the engine started and why not.
+    pub verbose: bool,
     /// (knob, value) as given.
     pub knobs: Vec<(String, String)>,
     pub program: Vec<OsString>,
 }
 
-const USAGE: &str = "zerofault run [--stats] [--KNOB=VALUE ...] -- PROGRAM [ARGS]";
+const USAGE: &str = "zerofault run [--stats] [--verbose] [--KNOB=VALUE ...] -- PROGRAM [ARGS]";
 
 pub fn parse(args: &[OsString]) -> Result<RunArgs, String> {
     let mut a = RunArgs {
         stats: false,
+        verbose: false,
         knobs: vec![],
         program: vec![],
     };
@@ -42,6 +47,8 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, String> {
         }
         if s == "--stats" {
             a.stats = true;
+        } else if s == "--verbose" {
+            a.verbose = true;
         } else if let Some((k, v)) = s.strip_prefix("--").and_then(|b| b.split_once('=')) {
             a.knobs.push((k.to_string(), v.to_string()));
         } else if !s.starts_with('-') {
@@ -51,7 +58,7 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, String> {
             break;
         } else {
             return Err(format!(
-                "zerofault run: unknown flag {s}; it accepts --stats and --KNOB=VALUE (see zerofault options): {USAGE}"
+                "zerofault run: unknown flag {s}; it accepts --stats, --verbose and --KNOB=VALUE (see zerofault options): {USAGE}"
             ));
         }
     }
@@ -81,21 +88,54 @@ pub fn find_shim() -> Result<PathBuf, String> {
     // again.
     let proper = |p: &PathBuf| p.with_file_name(SHIM_PROPER);
     let mtime = |p: &PathBuf| proper(p).metadata().and_then(|m| m.modified()).ok();
-    places
+    match places
         .iter()
         .filter(|p| p.is_file() && proper(p).is_file())
         .max_by_key(|p| mtime(p))
-        .cloned()
-        .ok_or_else(|| {
-            format!(
-                "cannot find {SHIM} and {SHIM_PROPER} (looked in {}; `cargo build --release` builds them)",
-                places
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )
-        })
+    {
+        Some(p) => Ok(p.clone()),
+        None => crate::embedded::install(),
+    }
+}
+
+/// Why the dynamic loader will not preload the shim into `program` (looked up on PATH), if it
+/// will not: a set-user-ID or set-group-ID program (LD_PRELOAD is ignored for it), or a
+/// statically linked one (no loader at all). None for anything else, scripts included.
+pub fn unpreloadable(program: &std::ffi::OsStr) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = Path::new(program);
+    let path = if path.components().count() > 1 {
+        path.to_path_buf()
+    } else {
+        std::env::split_paths(&std::env::var_os("PATH")?)
+            .map(|d| d.join(path))
+            .find(|p| p.is_file())?
+    };
+    let shown = path.display();
+    if path.metadata().ok()?.permissions().mode() & 0o6000 != 0 {
+        return Some(format!(
+            "{shown} is set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it"
+        ));
+    }
+    let elf = std::fs::read(&path).ok()?;
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
+    let u64_at = |o: usize| elf.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
+    // A 64-bit little-endian ELF file (the targets zerofault serves).
+    if elf.get(..6) != Some(b"\x7fELF\x02\x01".as_slice()) {
+        return None;
+    }
+    let (phoff, phentsize, phnum) = (
+        usize::try_from(u64_at(0x20)?).ok()?,
+        usize::from(u16_at(0x36)?),
+        usize::from(u16_at(0x38)?),
+    );
+    const PT_INTERP: u32 = 3;
+    let interp = (0..phnum).any(|i| {
+        let o = phoff + i * phentsize;
+        elf.get(o..o + 4)
+            .is_some_and(|b| u32::from_le_bytes(b.try_into().unwrap()) == PT_INTERP)
+    });
+    (!interp).then(|| format!("{shown} is statically linked: there is no dynamic loader to preload the shim"))
 }
 
 /// Checks the knobs as the shim will read them: the environment, then the flags.
@@ -127,6 +167,10 @@ pub fn run(a: &RunArgs) -> String {
                 )
             })
         });
+    let shim = shim.and_then(|p| match unpreloadable(&a.program[0]) {
+        Some(why) => Err(format!("zerofault run: {why}; it runs without the engine")),
+        None => Ok(p),
+    });
     match shim {
         Ok(path) => {
             for (k, v) in &a.knobs {
@@ -134,6 +178,12 @@ pub fn run(a: &RunArgs) -> String {
             }
             if a.stats {
                 cmd.env(env_name("stats"), "on");
+            }
+            if a.verbose {
+                cmd.env(env_name("verbose"), "on");
+                // The program keeps this process's pid (exec): only it says that it never
+                // needed the engine, not every helper a wrapper script runs.
+                cmd.env(env_name("run_pid"), std::process::id().to_string());
             }
             let mut preload = OsString::from(path.as_os_str());
             if let Some(old) = std::env::var_os("LD_PRELOAD").filter(|o| !o.is_empty()) {

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_same, both, cc, lib_dir, pages_served, program_stderr, run, temp_dir, zerofault};
+use common::{assert_same, both, cc, lib_dir, pages_served, program_stderr, run, stderr, temp_dir, zerofault};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -289,4 +289,57 @@ fn disabled_the_shim_passes_everything_through() {
         "disabled: no report: {}",
         String::from_utf8_lossy(&o.stderr)
     );
+}
+
+/// `zerofault run --verbose`: one line per process saying whether the engine started and, if
+/// not, why. Catches a silent shim: a refused userfaultfd (here a seccomp filter), a program
+/// that never needed the engine, and one the loader cannot preload into, each named.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn verbose_says_whether_the_engine_started_and_why_not() {
+    let dir = temp_dir("verbose");
+    let touch = cc("touch", &dir, false);
+    let verbose = |args: &[&std::ffi::OsStr]| {
+        let mut c = zerofault();
+        c.args(["run", "--verbose", "--"]).args(args);
+        let o = run(&mut c, Duration::from_secs(120));
+        assert!(o.status.success(), "{}", stderr(&o));
+        stderr(&o)
+    };
+    let lines = |s: &str| s.lines().filter(|l| l.starts_with("zerofault:")).count();
+
+    let started = verbose(&[touch.as_os_str(), "cold".as_ref(), "64".as_ref()]);
+    assert!(started.contains("zerofault: engine started in pid "), "{started}");
+    assert_eq!(lines(&started), 1, "{started}");
+
+    let idle = verbose(&["/bin/true".as_ref()]);
+    assert!(
+        idle.contains("engine not started") && idle.contains("no request of 2 MiB or more"),
+        "{idle}"
+    );
+    assert_eq!(lines(&idle), 1, "{idle}");
+
+    // seccomp exec: the filter refuses userfaultfd(2) and ioctl(2), then touch starts under it.
+    let seccomp = cc("seccomp", &dir, false);
+    let refused = verbose(&[
+        seccomp.as_os_str(),
+        "exec".as_ref(),
+        touch.as_os_str(),
+        "cold".as_ref(),
+        "64".as_ref(),
+    ]);
+    assert!(refused.contains("engine not started"), "{refused}");
+    for name in ["/dev/userfaultfd", "vm.unprivileged_userfaultfd"] {
+        assert!(refused.contains(name), "{name} not named: {refused}");
+    }
+
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../zerofault-preload/tests/c/touch.c");
+    let stat = dir.join("touch-static");
+    let mut c = Command::new("cc");
+    c.args(["-O2", "-static", "-o"]).arg(&stat).arg(&src);
+    let o = run(&mut c, Duration::from_secs(120));
+    assert!(o.status.success(), "cc -static: {}", stderr(&o));
+    let s = verbose(&[stat.as_os_str(), "cold".as_ref(), "8".as_ref()]);
+    assert!(s.contains("is statically linked"), "{s}");
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -36,6 +36,9 @@ static ENGINE_PID: AtomicI32 = AtomicI32::new(0);
 static OWNER_PID: AtomicI32 = AtomicI32::new(0);
 /// The process that loaded the shim (it prints the stats).
 static ROOT_PID: AtomicI32 = AtomicI32::new(0);
+/// Whether this process says at exit, when verbose, that it never started the engine (see
+/// `init_options`).
+static SAY_UNUSED: AtomicBool = AtomicBool::new(false);
 static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 static OPTIONS: OnceLock<Options> = OnceLock::new();
 /// Counters shared by this process's engine and its forked children's (MAP_SHARED), when
@@ -288,15 +291,29 @@ fn start() {
     let e = match started {
         Ok(e) => e,
         Err(why) => {
-            if opts.stats {
+            if opts.stats || opts.verbose {
                 say(&format!(
-                    "zerofault: the engine did not start ({why}); running on plain memory"
+                    "zerofault: engine not started in pid {}: {why}; running on plain memory",
+                    getpid()
                 ));
             }
             STATE.store(OFF, Release);
             return;
         }
     };
+    if opts.verbose {
+        let f = e.features();
+        say(&format!(
+            "zerofault: engine started in pid {}: userfaultfd{}, pool {} MiB",
+            getpid(),
+            if f.has(engine::Features::MOVE) {
+                " with UFFDIO_MOVE"
+            } else {
+                " without UFFDIO_MOVE (pages are copied)"
+            },
+            e.options().pool_max >> 20
+        ));
+    }
     // The arena: made once (a forked child keeps its parent's and registers it again), never
     // under a memory limit.
     if ARENA.load(Acquire).is_null() && opts.preload_arena > 0 && limit.is_none() {
@@ -393,14 +410,24 @@ fn init_options() {
     };
     ROOT_PID.store(getpid(), Release);
     OWNER_PID.store(getpid(), Release);
+    // `zerofault run --verbose` names the process it runs: only that one says at exit that it
+    // never needed the engine (the helpers a wrapper script runs first would say it too).
+    let run_pid = env_lookup("run_pid").and_then(|p| p.parse::<i32>().ok());
+    SAY_UNUSED.store(run_pid.is_none_or(|p| p == getpid()), Release);
     if opts.disable {
+        if opts.verbose {
+            say(&format!(
+                "zerofault: engine not started in pid {}: disabled (ZEROFAULT_DISABLE)",
+                getpid()
+            ));
+        }
         STATE.store(OFF, Release);
         return;
     }
     // Engine threads are made with clone(2) on TLS of their own; what they copy is read here,
     // where the dynamic loader's lock is safe to take.
     if let Err(why) = engine::os::thread::prepare() {
-        if opts.stats {
+        if opts.stats || opts.verbose {
             say(&format!("zerofault: {why}; running without the engine"));
         }
         STATE.store(OFF, Release);
@@ -482,6 +509,20 @@ extern "C" fn fini() {
     }
     let Some(_g) = enter() else { return };
     let Some(o) = OPTIONS.get() else { return };
+    // The process that read the knobs, not a fork child of it (which shares its state).
+    if o.verbose && SAY_UNUSED.load(Acquire) && STATE.load(Acquire) == IDLE && getpid() == ROOT_PID.load(Acquire) {
+        let t = o.preload_threshold;
+        let size = if t % (1 << 20) == 0 {
+            format!("{} MiB", t >> 20)
+        } else {
+            format!("{t} bytes")
+        };
+        say(&format!(
+            "zerofault: engine not started in pid {}: the program made no request of {size} or more \
+             (preload_threshold)",
+            getpid()
+        ));
+    }
     if !o.stats || getpid() != ROOT_PID.load(Acquire) {
         return;
     }

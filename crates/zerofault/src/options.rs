@@ -311,6 +311,9 @@ options! {
     stats: Bool = "off",
     /// LD_PRELOAD shim: pass every call through; the program runs as without the shim.
     disable: Bool = "off",
+    /// LD_PRELOAD shim: one line on stderr per process saying whether the engine started and,
+    /// if not, why (userfaultfd refused, a knob refused, no request large enough).
+    verbose: Bool = "off",
 }
 
 impl Options {
