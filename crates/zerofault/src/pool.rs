@@ -5,14 +5,13 @@
 //! Two rings ([`Ring`]), each over one reserved anonymous area (2 MiB aligned, `MADV_DONTFORK`):
 //! - **small**: 4 KiB pages (`MADV_NOHUGEPAGE`), for the parts of windows that do not cover a
 //!   whole 2 MiB-aligned PMD (a stream's first small windows, the edges, single-page misses).
-//!   Moving a 4 KiB page out of a PMD-mapped huge page would split it (~620-890 µs for the
-//!   first page, shared/notes/uffd-facts.md), so these are never huge.
+//!   Moving a 4 KiB page out of a PMD-mapped huge page would split it (most of a
+//!   millisecond), so these are never huge.
 //! - **huge** (`pool_thp`, where the system's THP is not `never`): 2 MiB chunks populated under
 //!   `MADV_HUGEPAGE`, so each is one transparent huge page. A chunk is moved whole into an
-//!   empty, PMD-aligned destination: one ioctl re-points one PMD (~2 µs per 2 MiB, 3 ns a page)
-//!   instead of 512 PTEs, and the kernel prepares a huge page for ~0.8 µs/4 KiB against ~1.1-1.8
-//!   for 512 small ones (measured here with two threads preparing at once: 0.42 µs/page of wall
-//!   against 0.7-0.8 for 4 KiB populate + copy). Runs from this ring are whole chunks.
+//!   empty, PMD-aligned destination: one ioctl re-points one PMD instead of 512 PTEs, and the
+//!   kernel prepares one huge page faster than 512 small ones (docs/DESIGN.md has the
+//!   figures). Runs from this ring are whole chunks.
 //!
 //! The small ring is a quarter of `pool_max` ([`small_bytes`]); the huge ring has the rest.
 //! Watermarks count both; the scrub fills whichever ring is emptier for its size.
@@ -31,8 +30,7 @@
 //!
 //! ## Why not registered
 //! The pool is not registered with the userfaultfd: populating a registered range would fault
-//! into our own handler. (Recycling pages back into the pool, a later step, moves pages *into*
-//! the pool and will need its own registered area.)
+//! into our own handler.
 //!
 //! `MADV_DONTFORK`: a child would share the pool pages copy-on-write, and shared pages cannot be
 //! moved (EBUSY) until written again; the child does not need the pool at all.

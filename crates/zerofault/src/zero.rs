@@ -2,15 +2,13 @@
 //!
 //! - **Pool pages** are zeroed by the kernel when the scrub thread populates them
 //!   (`MADV_POPULATE_WRITE` allocates zero-filled pages, 4 KiB or 2 MiB huge), away from any
-//!   fault; a huge page the handler prepares itself is zeroed the same way, in its staging area. Seed 003's point
-//!   holds: zeroing pays only for pages that are cold, and a freshly allocated page is.
+//!   fault; a huge page the handler prepares itself is zeroed the same way, in its staging
+//!   area. Seed 003's point holds: zeroing pays only for pages that are cold, and a freshly
+//!   allocated page is.
 //! - **The copy path** (pool empty, `pool=off`, no UFFDIO_MOVE, or a move refused) installs
 //!   pages with `UFFDIO_COPY` from a [`ZeroSource`]: a read-only mapping whose every page is
 //!   the kernel's shared zero page. The kernel's copy then reads one physical page that stays in
 //!   cache, which beats copying from a memset buffer (docs/DESIGN.md).
-//!
-//! Recycled pages (returned by the program) will need zeroing in user space; that is where the
-//! methods of seed 002/003 (non-temporal stores, aggregation over large runs) will live.
 
 use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
 use std::io;
