@@ -329,11 +329,8 @@ pub struct Region {
     pub(crate) owned: bool,
 }
 
-// SAFETY: a Region is an address range plus a reference-counted handle to the engine's shared
-// state, which is itself Send + Sync; access to the bytes goes through &self / &mut self.
-unsafe impl Send for Region {}
-// SAFETY: as above; shared references only give out raw pointers or shared slices.
-unsafe impl Sync for Region {}
+// Send and Sync come with the fields (an address range and an Arc of the shared state); a
+// test below keeps it so.
 
 impl Region {
     /// First byte.
@@ -425,6 +422,12 @@ impl Drop for Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_region_may_be_sent_and_shared_between_threads() {
+        fn send_sync<T: Send + Sync>() {}
+        send_sync::<Region>();
+    }
 
     const P: u64 = crate::page::PMD_PAGES;
 
