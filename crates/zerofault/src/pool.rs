@@ -44,7 +44,8 @@
 //! overlaps the populate, which changes nothing on a present page; a page moved out after it
 //! leaves a hole, which the next taker skips (ENOENT, told from a gone destination by
 //! mincore). The loom models (`loom_tests`) check one round of the ring: pages
-//! populated before they are taken, each taken once, given back only where nobody took after.
+//! populated before they are taken, each taken once, given back only where nobody took after;
+//! and a give-back racing a producer that came round (see `RingIndex::untake`).
 
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
 use crate::stats::Stats;
@@ -113,7 +114,7 @@ impl RingIndex {
     /// Pages ready to be taken.
     pub(crate) fn available(&self) -> u64 {
         let t = self.tail.0.load(Acquire);
-        t - self.head.0.load(Acquire).min(t)
+        (t - self.head.0.load(Acquire).min(t)).min(self.pages)
     }
 
     /// Takes up to `want` ready pages (whole units) as one run that does not cross the ring's
@@ -142,6 +143,11 @@ impl RingIndex {
     /// Gives back the last `unused` pages (whole units) of the run `(index, pages)` if nobody
     /// took pages after it; otherwise they stay where they are, populated, and the producer
     /// finds them so when it comes round. Whether they were given back.
+    ///
+    /// The producer may have come round to the run's slots already (it saw them taken, and
+    /// repopulated them: nothing happens to a present page). Then the given-back slots count
+    /// twice, here and at the tail: the first taker gets their pages, the second finds holes,
+    /// which the engine skips (ENOENT, told from a gone destination by mincore).
     pub(crate) fn untake(&self, index: u64, pages: u64, unused: u64) -> bool {
         let unused = unused - unused % self.unit;
         if unused == 0 {
@@ -162,7 +168,9 @@ impl RingIndex {
         let t = self.tail.0.load(Relaxed);
         // Acquire: every consumer's use of a slot it took happened before we reuse it.
         let h = self.head.0.load(Acquire);
-        let free = self.pages - (t - h.min(t));
+        // Saturating: a run given back after we came round its slots counts them twice (see
+        // `untake`), so `t - h` may exceed the ring for a while.
+        let free = self.pages.saturating_sub(t - h.min(t));
         let to_ring_end = self.pages - t % self.pages;
         let n = max.min(free).min(to_ring_end);
         let n = n - n % self.unit;
@@ -180,13 +188,15 @@ impl RingIndex {
         self.head.0.store(self.tail.0.load(Acquire), Release);
     }
 
-    /// The indices' invariants (debug builds): `head <= tail <= head + pages`, both on whole
-    /// units. `head` is read first: it only ever moves up to a tail some consumer saw, and
-    /// `tail` only grows, so a later read of `tail` is at least the `head` read before it.
+    /// The indices' invariants (debug builds): `head <= tail <= head + 2 * pages` (a ring's
+    /// worth, plus at most one run given back after the producer came round it: see
+    /// `untake`), both on whole units. `head` is read first: it only ever moves up to a tail
+    /// some consumer saw, and `tail` only grows, so a later read of `tail` is at least the
+    /// `head` read before it.
     pub(crate) fn is_valid(&self) -> bool {
         let h = self.head.0.load(Acquire);
         let t = self.tail.0.load(Acquire);
-        h <= t && t - h <= self.pages && h % self.unit == 0 && t % self.unit == 0
+        h <= t && t - h <= 2 * self.pages && h % self.unit == 0 && t % self.unit == 0
     }
 }
 
@@ -620,6 +630,31 @@ mod loom_tests {
             assert_eq!(filled, 4);
             assert!(r.index.is_valid());
             assert_eq!(filled, used + r.index.available(), "a page lost or handed out twice");
+        });
+    }
+
+    #[test]
+    fn loom_a_give_back_racing_the_producer_coming_round_counts_a_slot_twice_at_most() {
+        // A full ring; a consumer takes two pages and gives them back unused while the producer
+        // may already have refilled their slots (it saw them taken). The slots then count
+        // twice: the ring's arithmetic must survive it (no underflow), and the second count
+        // is a hole, which the taker of it skips in the engine (ENOENT, mincore).
+        model(|| {
+            let r = Arc::new(Ring::new(4));
+            assert_eq!(r.fill(4, 1), 4);
+            let consumer = {
+                let r = r.clone();
+                thread::spawn(move || r.consume(2, 0))
+            };
+            let producer = {
+                let r = r.clone();
+                thread::spawn(move || r.index.fill_begin(2).map(|(t, n)| r.index.fill_publish(t, n)))
+            };
+            consumer.join().unwrap();
+            producer.join().unwrap();
+            assert!(r.index.is_valid());
+            // The producer can go on: its arithmetic is not wrapped by the double count.
+            assert!(r.index.fill_begin(4).is_none_or(|(_, n)| n <= 4));
         });
     }
 
