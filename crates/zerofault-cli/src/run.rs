@@ -117,7 +117,13 @@ pub fn unpreloadable(program: &std::ffi::OsStr) -> Option<String> {
             "{shown} is set-user-ID or set-group-ID: the dynamic loader ignores LD_PRELOAD for it"
         ));
     }
-    let elf = std::fs::read(&path).ok()?;
+    // The ELF header and program headers are at the start (a program may be large).
+    let mut elf = Vec::with_capacity(64 << 10);
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(std::fs::File::open(&path).ok()?, 64 << 10),
+        &mut elf,
+    )
+    .ok()?;
     let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]));
     let u64_at = |o: usize| elf.get(o..o + 8).map(|b| u64::from_le_bytes(b.try_into().unwrap()));
     // A 64-bit little-endian ELF file (the targets zerofault serves).
@@ -129,6 +135,10 @@ pub fn unpreloadable(program: &std::ffi::OsStr) -> Option<String> {
         usize::from(u16_at(0x36)?),
         usize::from(u16_at(0x38)?),
     );
+    // Program headers beyond what was read (or none at all): no verdict.
+    if phnum == 0 || phoff.checked_add(phnum.checked_mul(phentsize)?)? > elf.len() {
+        return None;
+    }
     const PT_INTERP: u32 = 3;
     let interp = (0..phnum).any(|i| {
         let o = phoff + i * phentsize;
