@@ -30,8 +30,10 @@ mod plot;
 mod progress;
 mod report;
 mod sys;
+mod zeroing;
 
 pub use bench::shuffle;
+pub use zeroing::run_bench_zero;
 
 /// `zerofault bench ARGS`: runs the sweep and prints its rows (table, JSON or CSV), and the
 /// plot if asked; an error is one line.

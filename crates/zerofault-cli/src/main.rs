@@ -16,6 +16,8 @@ usage:
                    [--format table|json|csv] [--plot FILE.svg|FILE.png]
       pft: first-touch fault rate of the engine against the kernel. LIST: 1,2,4 or 1..4.
       modes: native, thp, populate, engine, engine-cold, engine:KNOB=VALUE[:KNOB=VALUE]
+  zerofault bench-zero
+      GB/s of each zeroing method (kernel, stosb, nt, clzero), 4 KiB and 2 MiB calls, cold and cached
   zerofault report [--out DIR] [--gb F] [--reps N] [--quiet]
       the headline suite; writes DIR/BENCHMARKS.md with tables, ratios and plots
   zerofault run [--stats] [--verbose] [--KNOB=VALUE ...] -- PROGRAM [ARGS]
@@ -47,6 +49,7 @@ fn main() -> ExitCode {
     let result = match cmd {
         "bench" => zerofault_bench::run_bench(rest),
         "report" => zerofault_bench::run_report(rest),
+        "bench-zero" => zerofault_bench::run_bench_zero(rest),
         "verify" => verify::parse(rest).and_then(|a| verify::run(&a)),
         "options" => match rest.first().map(String::as_str) {
             None => {

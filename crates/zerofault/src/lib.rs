@@ -129,6 +129,7 @@ mod sys;
 mod testing;
 mod thp;
 mod zero;
+mod zeroing;
 
 pub(crate) use engine::Shared;
 pub use engine::{in_engine_thread, probe, Engine, EngineError};
@@ -137,3 +138,4 @@ pub use region::Region;
 pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};
 pub use zero::is_zero;
+pub use zeroing::ZeroMethod;
