@@ -217,7 +217,16 @@ impl Engine {
         }
         let pool = if opts.pool && features.has(Features::MOVE) {
             let huge = opts.pool_thp && mman::thp_available();
-            Some(Pool::new(opts.pool_max, huge).map_err(EngineError::Map)?)
+            let pool = Pool::new(opts.pool_max, huge, opts.recycle).map_err(EngineError::Map)?;
+            // Recycled pages move into the rings, which the kernel allows only into ranges
+            // registered with the userfaultfd. Where it refuses, no recycling.
+            match pool.register(&uffd) {
+                Ok(()) => Some(pool),
+                Err(_) => {
+                    drop(pool);
+                    Some(Pool::new(opts.pool_max, huge, false).map_err(EngineError::Map)?)
+                }
+            }
         } else {
             None
         };
@@ -434,13 +443,34 @@ impl Engine {
         done
     }
 
+    /// Discards `[ptr, ptr + len)` like `MADV_DONTNEED` (it reads zero afterwards, and its
+    /// next touch is served by the engine), but keeps the pages the engine installed there:
+    /// they move into the pool, whole 2 MiB huge pages with one PMD move each, and come back
+    /// zeroed by the scrub thread to the next fault anywhere. Pages whose move the kernel
+    /// refuses (shared with a forked child, mlocked) are discarded instead. Memory the engine
+    /// does not serve is simply discarded. With recycling off or the engine failed open, this
+    /// is `MADV_DONTNEED`.
+    ///
+    /// # Safety
+    /// The caller owns the range and gives up its contents, as for `MADV_DONTNEED`: nothing
+    /// reads or writes it while the call runs.
+    pub unsafe fn recycle(&self, ptr: *mut u8, len: usize) -> Result<crate::Recycled, EngineError> {
+        let addr = ptr as usize;
+        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
+            return Err(EngineError::Unaligned { addr, len });
+        }
+        if len == 0 {
+            return Ok(crate::Recycled::default());
+        }
+        self.shared.recycle(addr, len).map_err(EngineError::Map)
+    }
+
     /// Every mapping the engine made for itself (pool rings, staging area, zero source,
     /// doorbell, thread stacks), as (address, length).
     pub fn own_mappings(&self) -> Vec<(usize, usize)> {
         let mut v = vec![(self.shared.doorbell, PAGE_SIZE), self.shared.zero.area()];
         if let Some(p) = &self.shared.pool {
-            v.push(p.small.area());
-            v.extend(p.huge.as_ref().map(|r| r.area()));
+            v.extend(p.areas());
         }
         v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
         v.extend([&self.handler, &self.scrubber].into_iter().flatten().map(|t| t.area()));
@@ -487,8 +517,7 @@ impl Engine {
     fn rw_reservations(&self) -> Vec<(usize, usize)> {
         let mut v = vec![];
         if let Some(p) = &self.shared.pool {
-            v.push(p.small.area());
-            v.extend(p.huge.as_ref().map(|r| r.area()));
+            v.extend(p.areas());
         }
         v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
         v
@@ -555,11 +584,17 @@ impl Drop for Engine {
             // zero page.
             unsafe { std::ptr::read_volatile(self.shared.doorbell as *const u8) };
         }
-        for t in [self.handler.take(), self.scrubber.take()].into_iter().flatten() {
+        if let Some(t) = self.handler.take() {
             t.join();
         }
-        // Closing the descriptor hands every registered range back to the kernel.
+        // Closing the descriptor hands every registered range back to the kernel. Before the
+        // scrub is joined: a MADV_DONTNEED of its on a pool ring (registered, see pool.rs)
+        // waits for its REMOVE event to be read, which the handler no longer does; the close
+        // releases it.
         drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+        if let Some(t) = self.scrubber.take() {
+            t.join();
+        }
         // Regions may outlive the engine and keep `Shared` alive: free the pool's pages now.
         if let Some(p) = &self.shared.pool {
             p.release_all();
@@ -575,7 +610,7 @@ impl Shared {
     /// kernel: a pool of `opts.pool_max` (real memory; with a huge ring and a staging area
     /// when `huge`), nothing filled.
     pub(crate) fn detached(opts: Options, huge: bool) -> Shared {
-        let pool = opts.pool.then(|| Pool::new(opts.pool_max, huge).expect("pool"));
+        let pool = opts.pool.then(|| Pool::new(opts.pool_max, huge, false).expect("pool"));
         let stage = pool
             .as_ref()
             .filter(|p| p.huge.is_some())

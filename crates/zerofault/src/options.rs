@@ -116,6 +116,50 @@ impl Kind for Load {
     }
 }
 
+/// A duration: milliseconds (`500ms`, `500`) or seconds (`2s`), at most a day.
+pub struct Millis;
+impl Kind for Millis {
+    type Value = std::time::Duration;
+    const ACCEPTS: &'static str = "a duration in ms or s (e.g. 500ms, 2s, 0), at most 86400s";
+    fn parse(s: &str) -> Option<std::time::Duration> {
+        let (digits, scale) = match s.strip_suffix("ms") {
+            Some(d) => (d, 1),
+            None => s.strip_suffix('s').map_or((s, 1), |d| (d, 1000)),
+        };
+        let n: u64 = digits.parse().ok()?;
+        n.checked_mul(scale)
+            .filter(|ms| *ms <= 86_400_000)
+            .map(std::time::Duration::from_millis)
+    }
+    fn show(v: &std::time::Duration) -> String {
+        let ms = v.as_millis();
+        if ms != 0 && ms % 1000 == 0 {
+            format!("{}s", ms / 1000)
+        } else {
+            format!("{ms}ms")
+        }
+    }
+}
+
+/// A zeroing method for recycled pages, or `auto` (`None`): measured, the fastest kept.
+pub struct Method;
+impl Kind for Method {
+    type Value = Option<crate::zeroing::ZeroMethod>;
+    const ACCEPTS: &'static str = "auto, kernel, stosb, nt or clzero (where the machine has it)";
+    fn parse(s: &str) -> Option<Self::Value> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Some(None);
+        }
+        crate::zeroing::ZeroMethod::ALL
+            .into_iter()
+            .find(|m| m.name().eq_ignore_ascii_case(s))
+            .map(Some)
+    }
+    fn show(v: &Self::Value) -> String {
+        v.map_or("auto", |m| m.name()).into()
+    }
+}
+
 /// The largest window order any knob accepts: 8192 pages, 32 MiB.
 pub const MAX_ORDER: u8 = 13;
 
@@ -164,7 +208,7 @@ impl OptionError {
             env_name(name)
         ))
     }
-    fn conflict(msg: String) -> OptionError {
+    pub(crate) fn conflict(msg: String) -> OptionError {
         OptionError(msg)
     }
 }
@@ -176,6 +220,18 @@ impl fmt::Display for OptionError {
 }
 
 impl std::error::Error for OptionError {}
+
+/// `auto` and the zeroing methods this machine has, for messages.
+fn available_methods() -> String {
+    let mut v = vec!["auto"];
+    v.extend(
+        crate::zeroing::ZeroMethod::ALL
+            .into_iter()
+            .filter(|m| m.available().is_ok())
+            .map(|m| m.name()),
+    );
+    v.join(", ")
+}
 
 /// The environment variable of a knob: `max_order` -> `ZEROFAULT_MAX_ORDER`.
 pub fn env_name(knob: &str) -> String {
@@ -272,8 +328,11 @@ options! {
     /// Serve write faults with UFFDIO_MOVE from the pre-zeroed pool. Off forces the
     /// UFFDIO_COPY path (pages zero-filled on the faulting critical path).
     pool: Bool = "on",
-    /// Hard cap on the pool: address space reserved for pre-zeroed pages.
-    pool_max: Size = "256M",
+    /// Hard cap on the pool: address space reserved for pre-zeroed pages, the scrub's own
+    /// and those recycled from memory the program freed (the most the pool keeps; it holds
+    /// `scrub_stop` when the program frees nothing, and gives recycled pages back after
+    /// `purge_delay`).
+    pool_max: Size = "2G",
     /// Serve the whole 2 MiB-aligned parts of write windows with transparent huge pages: the
     /// scrub prepares most of the pool as 2 MiB huge pages and the handler moves each with one
     /// PMD move (or prepares one itself when none is ready). Off: 4 KiB pages only. Has no
@@ -286,6 +345,20 @@ options! {
     /// No scrubbing while the 1-minute load average per CPU is above this (seed 003's
     /// scrub_load).
     scrub_load: Load = "off",
+    /// Keep the pages of memory the program frees (the shim's free and munmap,
+    /// `Engine::recycle`): moved into the pool, zeroed by the scrub thread, handed out again.
+    /// Off: freed memory goes back to the kernel (MADV_DONTNEED).
+    recycle: Bool = "on",
+    /// How the scrub thread zeroes recycled pages that are not cache-hot: `kernel`
+    /// (MADV_DONTNEED then MADV_POPULATE_WRITE), `stosb` (rep stosb), `nt` (non-temporal
+    /// AVX-512/AVX2/SSE2 stores), `clzero` (AMD CLZERO); `auto` measures those the machine
+    /// has on the first batches and keeps the fastest. Pages freed moments ago while the
+    /// backlog fits in the last-level cache are zeroed with rep stosb whatever this says
+    /// (their lines are cached).
+    zero_method: Method = "auto",
+    /// Recycled pages the program did not take again within this long go back to the kernel,
+    /// as do pool pages above scrub_stop (jemalloc's dirty decay, mimalloc's purge delay).
+    purge_delay: Millis = "1s",
     /// Window order of a new sequential stream: its first fault installs 2^order pages.
     start_order: Order = "4",
     /// Orders added on each predicted (sequential) fault: the window grows 2^step times.
@@ -356,6 +429,15 @@ impl Options {
                 "ZEROFAULT_PRELOAD_THRESHOLD={} is below one page: it accepts a size of at least 4K",
                 show_size(self.preload_threshold)
             )));
+        }
+        if let Some(m) = self.zero_method {
+            if let Err(why) = m.available() {
+                return Err(OptionError::conflict(format!(
+                    "ZEROFAULT_ZERO_METHOD={} is not available here: {why}; it accepts {}",
+                    m.name(),
+                    available_methods()
+                )));
+            }
         }
         let least = Options::least_preload_arena(self.preload_threshold);
         if self.preload_arena != 0 && self.preload_arena < least {
@@ -454,11 +536,46 @@ mod tests {
     }
 
     #[test]
+    fn durations_and_methods_parse_and_show_back() {
+        use std::time::Duration;
+        for (text, ms, shown) in [
+            ("1s", 1000, "1s"),
+            ("250ms", 250, "250ms"),
+            ("0", 0, "0ms"),
+            ("1500", 1500, "1500ms"),
+        ] {
+            let v = Millis::parse(text).unwrap();
+            assert_eq!(v, Duration::from_millis(ms), "{text}");
+            assert_eq!(Millis::show(&v), shown);
+            assert_eq!(Millis::parse(&Millis::show(&v)), Some(v));
+        }
+        for bad in ["", "s", "-1s", "1.5s", "1 s", "86401s", "1m"] {
+            assert_eq!(Millis::parse(bad), None, "{bad:?}");
+        }
+        assert_eq!(Method::parse("auto"), Some(None));
+        assert_eq!(Method::parse("NT"), Some(Some(crate::zeroing::ZeroMethod::Nt)));
+        assert_eq!(Method::parse("dsa"), None, "not built");
+        assert_eq!(Method::show(&None), "auto");
+    }
+
+    #[test]
     fn relations_between_knobs_are_checked() {
         let e = env(&[("ZEROFAULT_SCRUB_START", "128M")]).unwrap_err().to_string();
         assert!(e.contains("ZEROFAULT_SCRUB_START") && e.contains("scrub_stop"), "{e}");
-        let e = env(&[("ZEROFAULT_SCRUB_STOP", "1G")]).unwrap_err().to_string();
+        let e = env(&[("ZEROFAULT_SCRUB_STOP", "4G")]).unwrap_err().to_string();
         assert!(e.contains("ZEROFAULT_POOL_MAX"), "{e}");
+        // A zeroing method the machine lacks: one line naming the knob, what is missing, and
+        // what it accepts here.
+        for m in crate::zeroing::ZeroMethod::ALL {
+            match (m.available(), env(&[("ZEROFAULT_ZERO_METHOD", m.name())])) {
+                (Ok(_), r) => assert_eq!(r.unwrap().zero_method, Some(m)),
+                (Err(why), r) => {
+                    let e = r.unwrap_err().to_string();
+                    assert!(e.starts_with("ZEROFAULT_ZERO_METHOD=") && e.contains(why), "{e}");
+                    assert!(e.contains("it accepts auto, kernel") && !e.contains('\n'), "{e}");
+                }
+            }
+        }
         let e = env(&[("ZEROFAULT_START_ORDER", "12")]).unwrap_err().to_string();
         assert!(e.contains("ZEROFAULT_MAX_ORDER"), "{e}");
     }

@@ -338,6 +338,18 @@ impl PageMap {
         });
     }
 
+    /// Appends to `runs` the maximal runs `(first_page, pages)` of claimed pages in
+    /// `[first, first + n)`, in ascending order (pages recorded nowhere, where no leaf could be
+    /// mapped, are not claimed here).
+    pub(crate) fn claimed_runs(&self, first: u64, n: u64, runs: &mut Vec<(u64, u64)>) {
+        let (first, end) = self.clip(first, n);
+        self.each_chunk(first, end, false, |w0, _, words| {
+            for (w, word) in (w0..).zip(words.unwrap_or_default()) {
+                push_runs(runs, w, word.load(Relaxed) & word_mask(w, first, end));
+            }
+        });
+    }
+
     /// Clears the bits of `[first, first + n)`; returns how many were set.
     pub(crate) fn clear(&self, first: u64, n: u64) -> u64 {
         let (first, end) = self.clip(first, n);
@@ -463,6 +475,20 @@ mod tests {
         m.claim(60, 1000, &mut runs);
         assert_eq!(runs, vec![(60, 90)]);
         assert!(m.is_claimed(149) && !m.is_claimed(59) && !m.is_claimed(150));
+    }
+
+    #[test]
+    fn claimed_runs_are_the_set_bits_in_runs() {
+        let m = PageMap::new(300);
+        m.set(3, 5);
+        m.set(60, 10); // across a word boundary
+        m.set(290, 20); // clipped at the end
+        let mut runs = vec![];
+        m.claimed_runs(0, 300, &mut runs);
+        assert_eq!(runs, [(3, 5), (60, 10), (290, 10)]);
+        runs.clear();
+        m.claimed_runs(5, 60, &mut runs);
+        assert_eq!(runs, [(5, 3), (60, 5)]);
     }
 
     #[test]

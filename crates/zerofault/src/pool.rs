@@ -28,9 +28,12 @@
 //! leave holes behind; the producer populates the holes again when `tail` comes round. In the
 //! huge ring both counters move by whole chunks (512 pages).
 //!
-//! ## Why not registered
-//! The pool is not registered with the userfaultfd: populating a registered range would fault
-//! into our own handler.
+//! ## Registered, for moves only
+//! Every ring is registered with the engine's userfaultfd in write-protect mode, which reports
+//! no fault (the engine write-protects nothing): the scrub's populate and its writes are the
+//! kernel's as before, and UFFDIO_MOVE, which wants its destination registered, may move pages
+//! into the rings: recycled pages into the dirty rings, zeroed ones from there into the clean
+//! rings (`recycle.rs`). Missing-page mode would send the scrub's own populate to the handler.
 //!
 //! `MADV_DONTFORK`: a child would share the pool pages copy-on-write, and shared pages cannot be
 //! moved (EBUSY) until written again; the child does not need the pool at all.
@@ -48,9 +51,11 @@
 //! and a give-back racing a producer that came round (see `RingIndex::untake`).
 
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
+use crate::recycle::DirtyRing;
 use crate::stats::Stats;
 use crate::sync::AtomicU64;
 use crate::sys::mman;
+use crate::sys::uffd::Uffd;
 use std::io;
 use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
@@ -246,6 +251,11 @@ impl Ring {
         self.index.unit > 1
     }
 
+    /// Whether this is the huge ring (whole 2 MiB chunks).
+    pub(crate) fn is_huge_ring(&self) -> bool {
+        self.index.unit > 1
+    }
+
     /// Capacity in pages.
     pub(crate) fn capacity(&self) -> u64 {
         self.index.pages
@@ -279,17 +289,47 @@ impl Ring {
     /// Producer step: populates up to `max_pages` (at most one chunk, never crossing the ring's
     /// end) and publishes them. Returns the pages added; 0 when the pool is full.
     pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
+        let n = self.fill_with(max_pages, |addr, n| mman::populate_write(addr, bytes(n)).map(|_| n))?;
+        if n > 0 {
+            Stats::add(&stats.pool_refills, 1);
+            Stats::add(&stats.pool_pages_filled, n);
+        }
+        Ok(n)
+    }
+
+    /// Producer step with a source of its own: `fill(addr, n)` puts zero pages into the first
+    /// pages of the `n` free slots at `addr` (at most one chunk, whole chunks in the huge ring,
+    /// never crossing the ring's end) and says how many; they are published. A slot that
+    /// still holds a page (given back after the producer came round it: see
+    /// `RingIndex::untake`) holds a zero page: `fill` may count it as filled. Returns the
+    /// pages published; 0 when the ring is full.
+    pub(crate) fn fill_with(
+        &self,
+        max_pages: u64,
+        fill: impl FnOnce(usize, u64) -> io::Result<u64>,
+    ) -> io::Result<u64> {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
         let Some((t, n)) = self.index.fill_begin(max_pages.min(FILL_CHUNK_PAGES)) else {
             return Ok(0);
         };
         let addr = self.base + bytes(t % self.index.pages);
-        mman::populate_write(addr, bytes(n))?;
-        self.index.fill_publish(t, n);
+        let got = fill(addr, n)?.min(n);
+        let got = got - got % self.index.unit;
+        if got > 0 {
+            self.index.fill_publish(t, got);
+        }
         debug_assert!(self.index.is_valid());
-        Stats::add(&stats.pool_refills, 1);
-        Stats::add(&stats.pool_pages_filled, n);
-        Ok(n)
+        Ok(got)
+    }
+
+    /// Takes up to `max` ready pages and gives them back to the kernel (the scrub's purge of
+    /// pages nobody took). Returns the pages purged.
+    pub(crate) fn purge(&self, max: u64) -> u64 {
+        let Some(run) = self.take(max) else { return 0 };
+        // SAFETY: a run taken from the ring is ours alone (see `take`); its pages are discarded
+        // instead of moved.
+        let _ = unsafe { mman::madvise(run.addr, bytes(run.pages), mman::MADV_DONTNEED) };
+        run.pages
     }
 
     /// Populates until `target` pages are ready (capped at capacity), on the calling thread.
@@ -346,17 +386,23 @@ fn fill_loop(
     Ok(())
 }
 
-/// The two rings, and the pool-wide view the scrub thread and the watermarks use.
+/// The two rings, and the pool-wide view the scrub thread and the watermarks use; with
+/// recycling, a dirty ring beside each (`recycle.rs`).
 #[derive(Debug)]
 pub(crate) struct Pool {
     pub small: Ring,
     pub huge: Option<Ring>,
+    /// Recycled 4 KiB pages waiting to be zeroed into `small`.
+    pub dirty_small: Option<DirtyRing>,
+    /// Recycled huge pages waiting to be zeroed into `huge`.
+    pub dirty_huge: Option<DirtyRing>,
 }
 
 impl Pool {
     /// A pool of `bytes` in all: the small ring's share ([`small_bytes`]) and, with `huge`,
-    /// the rest as the huge ring (when there is a rest of at least one chunk).
-    pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<Pool> {
+    /// the rest as the huge ring (when there is a rest of at least one chunk). With `recycle`,
+    /// a dirty ring of the same size beside each (address space only, until pages come back).
+    pub(crate) fn new(bytes: usize, huge: bool, recycle: bool) -> io::Result<Pool> {
         let bytes = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
         let small = if huge { small_bytes(bytes) } else { bytes };
         let huge = if huge && bytes > small {
@@ -364,10 +410,47 @@ impl Pool {
         } else {
             None
         };
+        let dirty = |r: &Ring| DirtyRing::new(bytes_of(r), r.index.unit > 1);
+        let small = Ring::new(small, false)?;
         Ok(Pool {
-            small: Ring::new(small, false)?,
+            dirty_small: recycle.then(|| dirty(&small)).transpose()?,
+            dirty_huge: huge.as_ref().filter(|_| recycle).map(dirty).transpose()?,
+            small,
             huge,
         })
+    }
+
+    /// Every ring's area, clean and dirty, as (address, length).
+    pub(crate) fn areas(&self) -> Vec<(usize, usize)> {
+        let mut v = vec![self.small.area()];
+        v.extend(self.huge.as_ref().map(Ring::area));
+        v.extend(self.dirty_small.as_ref().map(DirtyRing::area));
+        v.extend(self.dirty_huge.as_ref().map(DirtyRing::area));
+        v
+    }
+
+    /// Registers every ring with `uffd` as a move destination (see the module's docs).
+    pub(crate) fn register(&self, uffd: &Uffd) -> io::Result<()> {
+        for (a, l) in self.areas() {
+            uffd.register_as_destination(a, l)?;
+        }
+        Ok(())
+    }
+
+    /// Whether freed pages can come back through this pool.
+    pub(crate) fn recycles(&self) -> bool {
+        self.dirty_small.is_some()
+    }
+
+    /// Recycled pages waiting to be zeroed.
+    pub(crate) fn dirty(&self) -> u64 {
+        self.dirty_small.as_ref().map_or(0, DirtyRing::pending) + self.dirty_huge.as_ref().map_or(0, DirtyRing::pending)
+    }
+
+    /// Pages handed out so far from both rings (a monotonic count but for give-backs): the
+    /// scrub's sign that nobody took pages for a while.
+    pub(crate) fn taken(&self) -> u64 {
+        self.small.index.head.0.load(Relaxed) + self.huge.as_ref().map_or(0, |h| h.index.head.0.load(Relaxed))
     }
 
     /// Pages ready in both rings.
@@ -410,13 +493,21 @@ impl Pool {
         )
     }
 
-    /// Frees every pool page.
+    /// Frees every pool page, clean and dirty.
     pub(crate) fn release_all(&self) {
         self.small.release_all();
         if let Some(h) = &self.huge {
             h.release_all();
         }
+        for d in [&self.dirty_small, &self.dirty_huge].into_iter().flatten() {
+            d.release_all();
+        }
     }
+}
+
+/// A ring's capacity in bytes.
+fn bytes_of(r: &Ring) -> usize {
+    bytes(r.capacity())
 }
 
 #[cfg(test)]
@@ -520,7 +611,7 @@ mod tests {
     #[test]
     fn the_pool_fills_the_emptier_ring_and_counts_both() {
         let stats = Stats::default();
-        let p = Pool::new(64 << 20, true).unwrap();
+        let p = Pool::new(64 << 20, true, false).unwrap();
         let huge = p.huge.as_ref().unwrap();
         assert_eq!(p.small.capacity(), 4096, "a quarter of 64 MiB");
         assert_eq!(huge.capacity(), 12288);
@@ -534,8 +625,8 @@ mod tests {
         p.release_all();
         assert_eq!(p.available(), 0);
 
-        assert!(Pool::new(64 << 20, false).unwrap().huge.is_none());
-        let tiny = Pool::new(PMD_SIZE, true).unwrap();
+        assert!(Pool::new(64 << 20, false, false).unwrap().huge.is_none());
+        let tiny = Pool::new(PMD_SIZE, true, false).unwrap();
         assert!(tiny.huge.is_none(), "no room for a huge ring");
         assert_eq!(small_bytes(1 << 30), 256 << 20);
         assert_eq!(small_bytes(4 << 20), 2 << 20);

@@ -218,6 +218,11 @@ impl RangeTable {
         (addr < r.end()).then(|| r.clone())
     }
 
+    /// The ranges overlapping `[start, end)`, in address order.
+    pub(crate) fn overlapping(&self, start: usize, end: usize) -> Vec<Arc<Range>> {
+        self.read().overlapping(start, end, None)
+    }
+
     /// Whether a range overlaps `[start, end)`.
     pub(crate) fn any(&self, start: usize, end: usize) -> bool {
         !self.read().overlapping(start, end, None).is_empty()
@@ -379,6 +384,14 @@ impl Region {
         // SAFETY: inside the region (checked), which `&mut self` holds alone; discarding its
         // pages is what the caller asked for.
         unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }
+    }
+
+    /// Discards `[offset, offset + len)` of the region like [`Region::discard`], keeping its
+    /// pages for the pool (see [`crate::Engine::recycle`]): touched again, the range reads zero
+    /// and is served by the engine, possibly with these very pages, zeroed.
+    pub fn recycle(&mut self, offset: usize, len: usize) -> std::io::Result<crate::Recycled> {
+        let (addr, len) = self.check(offset, len)?;
+        self.shared.recycle(addr, len)
     }
 
     /// Unmaps part of the region and maps fresh anonymous memory in its place, registered

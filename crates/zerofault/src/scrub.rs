@@ -1,27 +1,45 @@
-//! The scrub thread (seeds 002/003's kscrubd): keeps the pool between its watermarks, using only
-//! CPU nobody else wants.
+//! The scrub thread (seeds 002/003's kscrubd): zeroes the pages the program freed, keeps the
+//! pool between its watermarks, and gives back what nobody takes, using only CPU nobody else
+//! wants.
 //!
 //! States, like mm/page_reporting.c's worker: **idle** (asleep on a condition variable, or on a
-//! one-second timer), **requested** (a handler saw the pool below `scrub_start` and kicked it),
-//! **active** (populating one 2 MiB chunk at a time until the pool holds `scrub_stop`).
+//! timer tick), **requested** (a handler saw the pool below `scrub_start`, or a recycle brought
+//! pages, and kicked it), **active** (one 2 MiB batch at a time).
+//!
+//! Each round, in order:
+//! 1. **Recycled pages** (`recycle.rs`): each dirty batch is zeroed, with one fence, and moved
+//!    into its clean ring while that has room. Seed 003's hot/cold rule picks the stores: a
+//!    batch freed moments ago ([`HOT`]) while the whole dirty backlog fits in the last-level
+//!    cache is zeroed with `rep stosb` (its lines are likely cached: temporal stores hit
+//!    them); the rest with the cold method, `zero_method` or, for `auto`, the fastest of the
+//!    machine's methods measured on the first cold batches ([`Zeroer`]).
+//! 2. **Refill**: populating 2 MiB at a time (`MADV_POPULATE_WRITE`: the kernel allocates and
+//!    zeroes) until the pool, with the dirty pages on their way, holds `scrub_stop`. Only once
+//!    a sequential writer was seen (the first predicted write fault) or the pool was prefilled:
+//!    a program whose faults are random or read-only pays for no pool at all.
+//! 3. **Purge**: dirty batches older than `purge_delay` that still find no room, and pool pages
+//!    above `scrub_stop` when nobody took a page for `purge_delay`, go back to the kernel.
 //!
 //! - It runs at `SCHED_IDLE` (nice 19 where that is refused): on a busy machine it yields to
 //!   everything, which is the seed's "run on the most idle CPU". The faulting thread never
 //!   waits for it; an empty pool means the handler copies from the zero source instead.
-//! - `scrub_load` (seed 003, off by default): no scrubbing while the one-minute load average
-//!   per CPU is above it. Checked before each chunk; a skipped round is counted and retried on
-//!   the next timer tick.
-//! - It stops at `scrub_stop`, and it starts only once a sequential writer was seen (the first
-//!   predicted write fault) or the pool was prefilled: a program whose faults are random or
-//!   read-only pays for no pool at all.
+//! - `scrub_load` (seed 003, off by default): no refill while the one-minute load average per
+//!   CPU is above it. Checked before each chunk; a skipped round is counted and retried on the
+//!   next timer tick.
 
-use crate::page::pages;
+use crate::page::{bytes, pages, PMD_PAGES};
+use crate::pool::Pool;
+use crate::recycle::DirtyRing;
 use crate::stats::{nanos, Stats};
+use crate::sys::mman;
+use crate::sys::raw::Errno;
 use crate::sys::thread;
+use crate::sys::uffd::Uffd;
+use crate::zeroing::ZeroMethod;
 use crate::Shared;
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How the handler and the engine talk to the scrub thread.
 #[derive(Debug, Default)]
@@ -59,6 +77,262 @@ fn load_allows(limit: Option<f64>) -> bool {
     }
 }
 
+/// A batch freed this recently is hot (seed 003: "moments ago"): its lines may still be in
+/// the cache, if the backlog fits there.
+pub(crate) const HOT: Duration = Duration::from_millis(10);
+
+/// Bytes of cold batches `auto` zeroes with each method before it keeps the fastest.
+const TRIAL_BYTES: u64 = 8 << 20;
+
+/// The method for cold batches: the knob's, or `auto`'s measurement (see the module's docs).
+#[derive(Debug)]
+pub(crate) struct Zeroer {
+    chosen: Option<ZeroMethod>,
+    /// `auto` only: (method, bytes zeroed, CPU time) per available method.
+    trials: Vec<(ZeroMethod, u64, Duration)>,
+    /// Bytes of dirty backlog that still count as cache-hot.
+    llc: usize,
+}
+
+impl Zeroer {
+    pub(crate) fn new(knob: Option<ZeroMethod>, llc: usize, stats: &Stats) -> Zeroer {
+        let trials = match knob {
+            Some(m) => {
+                Stats::add(&stats.zero_method, code(m));
+                vec![]
+            }
+            None => ZeroMethod::ALL
+                .into_iter()
+                .filter(|m| m.available().is_ok())
+                .map(|m| (m, 0, Duration::ZERO))
+                .collect(),
+        };
+        Zeroer {
+            chosen: knob,
+            trials,
+            llc,
+        }
+    }
+
+    /// The method for the next cold batch.
+    pub(crate) fn cold(&self) -> ZeroMethod {
+        self.chosen.unwrap_or_else(|| {
+            self.trials
+                .iter()
+                .min_by_key(|t| t.1)
+                .map_or(ZeroMethod::Stosb, |t| t.0)
+        })
+    }
+
+    /// A cold batch of `bytes` took `cpu` with `m`. Once every method has had its share,
+    /// `auto` keeps the fastest and the stats say what each did.
+    pub(crate) fn record(&mut self, m: ZeroMethod, bytes: u64, cpu: Duration, stats: &Stats) {
+        if self.chosen.is_some() {
+            return;
+        }
+        if let Some(t) = self.trials.iter_mut().find(|t| t.0 == m) {
+            t.1 += bytes;
+            t.2 += cpu;
+        }
+        if self.trials.iter().any(|t| t.1 < TRIAL_BYTES) {
+            return;
+        }
+        let mbps = |t: &(ZeroMethod, u64, Duration)| t.1 as f64 / t.2.as_secs_f64().max(1e-9) / 1e6;
+        for t in &self.trials {
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "MB/s, small")]
+            let v = mbps(t) as u64;
+            Stats::add(
+                match t.0 {
+                    ZeroMethod::Kernel => &stats.zero_mbps_kernel,
+                    ZeroMethod::Stosb => &stats.zero_mbps_stosb,
+                    ZeroMethod::Nt => &stats.zero_mbps_nt,
+                    ZeroMethod::Clzero => &stats.zero_mbps_clzero,
+                },
+                v,
+            );
+        }
+        let best = self
+            .trials
+            .iter()
+            .max_by(|a, b| mbps(a).total_cmp(&mbps(b)))
+            .map_or(ZeroMethod::Stosb, |t| t.0);
+        Stats::add(&stats.zero_method, code(best));
+        self.chosen = Some(best);
+    }
+
+    /// Whether a batch stamped `age` ago, with `backlog` dirty bytes in all, is hot.
+    pub(crate) fn is_hot(&self, age: Duration, backlog: usize) -> bool {
+        age < HOT && backlog <= self.llc
+    }
+}
+
+/// The `zero_method` counter's code of a method.
+fn code(m: ZeroMethod) -> u64 {
+    match m {
+        ZeroMethod::Kernel => 1,
+        ZeroMethod::Stosb => 2,
+        ZeroMethod::Nt => 3,
+        ZeroMethod::Clzero => 4,
+    }
+}
+
+/// Zeroes the dirty batches and moves them into their clean rings while those have room.
+/// Returns whether it did anything.
+fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::ThreadClock) -> bool {
+    let stats = &*shared.stats;
+    let mut worked = false;
+    let pairs = [
+        (pool.dirty_huge.as_ref(), pool.huge.as_ref()),
+        (pool.dirty_small.as_ref(), Some(&pool.small)),
+    ];
+    for (dirty, clean) in pairs {
+        let (Some(dirty), Some(clean)) = (dirty, clean) else {
+            continue;
+        };
+        while let Some(b) = dirty.peek() {
+            if stopping(shared) {
+                return worked;
+            }
+            let age = Duration::from_nanos(dirty.now().saturating_sub(b.stamp));
+            let hot = z.is_hot(age, bytes(pool.dirty()));
+            let method = if hot { ZeroMethod::Stosb } else { z.cold() };
+            let mut consumed = 0;
+            let mut zeroed = 0;
+            let filled = clean.fill_with(b.pages, |dst, n| {
+                let k = n.min(b.pages);
+                let t0 = clock.read();
+                // SAFETY: the batch is the dirty ring's head, which only the scrub touches
+                // (recyclers fill slots past the tail); its bytes are the program's old ones,
+                // which nobody may see: they are zeroed here, before they move.
+                unsafe { method.zero(b.addr as *mut u8, bytes(k)) }?;
+                let cpu = clock.read().saturating_sub(t0);
+                Stats::add(&stats.scrub_zero_ns, nanos(cpu));
+                if !hot {
+                    z.record(method, bytes(k) as u64, cpu, stats);
+                }
+                zeroed = k;
+                // Only around the move: the kernel method's MADV_DONTNEED above waits for the
+                // handler to read its REMOVE event, and a handler failing open waits for
+                // every reader of the descriptor to let go of it.
+                let uffd = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+                let Some(u) = uffd.as_ref() else { return Ok(0) };
+                let (filled, used) = move_zeroed(u, dst, n, b.addr, k, clean.is_huge_ring());
+                consumed = used;
+                Ok(filled)
+            });
+            match filled {
+                Ok(0) if consumed == 0 && zeroed == 0 => break, // the clean ring is full
+                Ok(_) => {}
+                Err(_) => {
+                    // The zeroing failed (the kernel method's populate, out of memory): the
+                    // batch goes back to the kernel instead.
+                    purge_batch(dirty, b.addr, b.pages);
+                    Stats::add(&stats.pages_purged, b.pages);
+                    continue;
+                }
+            }
+            if consumed == 0 && zeroed > 0 && filled.as_ref().is_ok_and(|f| *f == 0) {
+                // Nothing moved and nothing filled (a move refused): leave it to the purge.
+                break;
+            }
+            dirty.consume(consumed);
+            Stats::add(&stats.pages_scrubbed, consumed);
+            if hot {
+                Stats::add(&stats.pages_scrubbed_hot, consumed);
+            }
+            worked = true;
+        }
+    }
+    worked
+}
+
+/// Moves `k` zeroed pages from `src` into the `n` free clean slots at `dst`: (slots filled,
+/// source pages used). A slot that holds a page already holds a zero one (see
+/// `Ring::fill_with`) and counts as filled; a source hole is skipped.
+fn move_zeroed(u: &Uffd, dst: usize, n: u64, src: usize, k: u64, huge: bool) -> (u64, u64) {
+    let (mut d, mut s, mut again) = (0u64, 0u64, 0u32);
+    while d < n && s < k {
+        let len = (n - d).min(k - s);
+        // SAFETY: `src` is the zeroed head of a dirty ring (the scrub's alone) and `dst` free
+        // slots of a clean ring reserved by `fill_with`, which only this producer fills.
+        let p = unsafe { u.move_pages(dst + bytes(d), src + bytes(s), bytes(len)) };
+        let done = pages(p.done);
+        d += done;
+        s += done;
+        match p.errno {
+            None => {}
+            Some(Errno(libc::EAGAIN)) if done > 0 => {}
+            Some(Errno(libc::EEXIST)) if huge => d = (d + 1).next_multiple_of(PMD_PAGES),
+            Some(Errno(libc::EEXIST)) => d += 1,
+            Some(Errno(libc::ENOENT)) => s += 1,
+            Some(Errno(libc::EAGAIN)) if again < 8 => again += 1,
+            Some(_) => break,
+        }
+    }
+    (d.min(n), s.min(k))
+}
+
+/// Gives a dirty batch back to the kernel and drops it from the ring.
+fn purge_batch(dirty: &DirtyRing, addr: usize, n: u64) {
+    // SAFETY: the dirty ring's head, the scrub's alone; its bytes are discarded.
+    let _ = unsafe { mman::madvise(addr, bytes(n), mman::MADV_DONTNEED) };
+    dirty.consume(n);
+}
+
+/// What the purge remembers between rounds.
+#[derive(Debug)]
+struct Idle {
+    taken: u64,
+    since: Instant,
+}
+
+/// Step 3 of a round (see the module's docs).
+fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
+    let stats = &*shared.stats;
+    let delay = shared.opts.purge_delay;
+    for dirty in [pool.dirty_huge.as_ref(), pool.dirty_small.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        while let Some(b) = dirty.peek() {
+            if Duration::from_nanos(dirty.now().saturating_sub(b.stamp)) < delay {
+                break;
+            }
+            purge_batch(dirty, b.addr, b.pages);
+            Stats::add(&stats.pages_purged, b.pages);
+        }
+    }
+    let taken = pool.taken();
+    if taken != idle.taken {
+        *idle = Idle {
+            taken,
+            since: Instant::now(),
+        };
+        return;
+    }
+    let stop = pages(shared.opts.scrub_stop);
+    if idle.since.elapsed() < delay || pool.available() <= stop {
+        return;
+    }
+    // Down to scrub_stop, each ring to its share of it.
+    let cap = pool.capacity();
+    for ring in [Some(&pool.small), pool.huge.as_ref()].into_iter().flatten() {
+        let keep = u64::try_from(u128::from(stop) * u128::from(ring.capacity()) / u128::from(cap)).unwrap_or(0);
+        while ring.available() > keep && !stopping(shared) {
+            let n = ring.purge(ring.available() - keep);
+            if n == 0 {
+                break;
+            }
+            Stats::add(&stats.pages_purged, n);
+        }
+    }
+    idle.taken = pool.taken();
+}
+
+fn stopping(shared: &Shared) -> bool {
+    shared.stopping.load(Acquire) || shared.failed.load(Acquire)
+}
+
 /// The thread's body.
 pub(crate) fn run(shared: Arc<Shared>) {
     let _ = thread::make_idle();
@@ -67,34 +341,29 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let Some(pool) = shared.pool.as_ref() else { return };
     let start = pages(shared.opts.scrub_start);
     let stop = pages(shared.opts.scrub_stop);
-    let stopping = || shared.stopping.load(Acquire) || shared.failed.load(Acquire);
-    while !stopping() {
-        let requested = shared.scrub.wait(Duration::from_secs(1));
-        if stopping() {
+    let mut zeroer = Zeroer::new(
+        shared.opts.zero_method,
+        thread::llc_bytes().unwrap_or(8 << 20),
+        &shared.stats,
+    );
+    let tick = (shared.opts.purge_delay / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    let mut idle = Idle {
+        taken: pool.taken(),
+        since: Instant::now(),
+    };
+    while !stopping(&shared) {
+        let requested = shared.scrub.wait(tick);
+        if stopping(&shared) {
             break;
         }
-        // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
-        // round, or before any handler noticed).
-        if !shared.streaming.load(Acquire)
-            || shared.pool_paused.load(Acquire)
-            || !(requested || pool.available() < start)
-        {
-            continue;
-        }
-        while !stopping() && pool.available() < stop {
-            if !load_allows(shared.opts.scrub_load) {
-                Stats::add(&shared.stats.scrub_load_skips, 1);
-                break;
+        if !shared.pool_paused.load(Acquire) {
+            clean_dirty(&shared, pool, &mut zeroer, &clock);
+            // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
+            // round, or before any handler noticed).
+            if shared.streaming.load(Acquire) && (requested || pool.available() < start) {
+                refill(&shared, pool, stop);
             }
-            match pool.fill_step(stop - pool.available(), &shared.stats) {
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(_) => {
-                    // Out of memory or a refused populate: the handlers copy instead; try again
-                    // on a later tick.
-                    break;
-                }
-            }
+            purge(&shared, pool, &mut idle);
         }
         let now = clock.read();
         Stats::add(&shared.stats.scrub_cpu_ns, nanos(now - counted));
@@ -102,4 +371,22 @@ pub(crate) fn run(shared: Arc<Shared>) {
     }
     let now = clock.read();
     Stats::add(&shared.stats.scrub_cpu_ns, nanos(now.saturating_sub(counted)));
+}
+
+/// Step 2 of a round: populates until the pool, with the dirty pages on their way, holds
+/// `stop` pages.
+fn refill(shared: &Shared, pool: &Pool, stop: u64) {
+    while !stopping(shared) && pool.available() + pool.dirty() < stop {
+        if !load_allows(shared.opts.scrub_load) {
+            Stats::add(&shared.stats.scrub_load_skips, 1);
+            break;
+        }
+        match pool.fill_step(stop - pool.available(), &shared.stats) {
+            Ok(0) => break,
+            Ok(_) => {}
+            // Out of memory or a refused populate: the handlers copy instead; try again on a
+            // later tick.
+            Err(_) => break,
+        }
+    }
 }

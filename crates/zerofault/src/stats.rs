@@ -96,6 +96,36 @@ counters! {
     pool_refills,
     /// Pages populated into the pool.
     pool_pages_filled,
+    /// Recycle calls (`Engine::recycle`, the shim's free and munmap of served memory).
+    recycle_calls,
+    /// Pages moved from the program into the pool's dirty rings by those calls.
+    pages_recycled,
+    /// Of those, whole 2 MiB huge pages (one PMD move each).
+    huge_recycled,
+    /// Pages the engine had installed that a recycle discarded instead (MADV_DONTNEED): a
+    /// move refused (pages shared with a forked child, an mlocked range) or the pool full.
+    recycle_discarded,
+    /// Recycled pages the scrub zeroed and moved into the clean rings.
+    pages_scrubbed,
+    /// Of those, zeroed with temporal stores because they were freed moments ago and the
+    /// backlog fit in the last-level cache (seed 003's hot rule).
+    pages_scrubbed_hot,
+    /// CPU time the scrub spent zeroing recycled pages, in ns.
+    scrub_zero_ns,
+    /// Pages given back to the kernel because nobody took them within purge_delay: recycled
+    /// pages that found the pool full, and pool pages above scrub_stop.
+    pages_purged,
+    /// The method zeroing cold recycled pages: 1 kernel, 2 stosb, 3 nt, 4 clzero (0 until the
+    /// first batch; with zero_method=auto, the fastest measured).
+    zero_method,
+    /// zero_method=auto's measurement of `kernel` on this machine's cold recycled pages, MB/s.
+    zero_mbps_kernel,
+    /// The same for `stosb`.
+    zero_mbps_stosb,
+    /// The same for `nt`.
+    zero_mbps_nt,
+    /// The same for `clzero` (0 where the machine lacks it).
+    zero_mbps_clzero,
     /// Windows that found the pool empty (or short) and fell back to UFFDIO_COPY.
     pool_empty,
     /// Pages copied because the pool was empty.

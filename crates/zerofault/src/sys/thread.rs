@@ -560,6 +560,28 @@ pub(crate) fn online_cpus() -> usize {
     usize::try_from(n.max(1)).unwrap_or(1)
 }
 
+/// The size of CPU 0's last-level cache in bytes (the highest `level` under
+/// /sys/devices/system/cpu/cpu0/cache), if sysfs says.
+pub(crate) fn llc_bytes() -> Option<usize> {
+    let mut best: Option<(u32, usize)> = None;
+    for i in 0..8 {
+        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+        let Ok(level) = std::fs::read_to_string(format!("{dir}/level")) else {
+            break;
+        };
+        let Ok(size) = std::fs::read_to_string(format!("{dir}/size")) else {
+            continue;
+        };
+        let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), crate::options::parse_size(size.trim())) else {
+            continue;
+        };
+        if best.is_none_or(|(l, _)| level > l) {
+            best = Some((level, size));
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
 /// The 1-minute load average (from /proc/loadavg), if readable.
 pub(crate) fn loadavg_1min() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/loadavg").ok()?;

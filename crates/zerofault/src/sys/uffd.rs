@@ -40,6 +40,9 @@ pub(crate) const MOVE_ALLOW_SRC_HOLES: u64 = 2;
 
 /// `UFFDIO_REGISTER_MODE_MISSING`: report faults on pages that have no PTE.
 const REGISTER_MODE_MISSING: u64 = 1;
+/// `UFFDIO_REGISTER_MODE_WP`: report writes to write-protected pages (of which the engine makes
+/// none: see [`Uffd::register_as_destination`]).
+const REGISTER_MODE_WP: u64 = 2;
 
 /// Message types (`UFFD_EVENT_*`).
 const EVENT_PAGEFAULT: u8 = 0x12;
@@ -468,12 +471,32 @@ impl Uffd {
     /// Anonymous private memory whose missing pages, from now on, only this descriptor's
     /// handler installs: a fault there waits for it (or for the descriptor to close).
     pub(crate) unsafe fn register(&self, start: usize, len: usize) -> Result<(), Errno> {
+        // SAFETY: this function's contract.
+        unsafe { self.register_mode(start, len, REGISTER_MODE_MISSING) }
+    }
+
+    /// Registers `[start, start + len)` (page aligned, the engine's own memory) so that
+    /// `UFFDIO_MOVE` may move pages *into* it (the kernel wants every destination registered
+    /// with the descriptor), and for nothing else: write-protect mode, with no page ever
+    /// write-protected, reports no fault at all. Its missing pages stay the kernel's to fill
+    /// (`MADV_POPULATE_WRITE` and plain writes work as before), measured on Linux 6.18.
+    pub(crate) fn register_as_destination(&self, start: usize, len: usize) -> Result<(), Errno> {
+        // SAFETY: write-protect mode changes no fault of the range until a page is
+        // write-protected with UFFDIO_WRITEPROTECT, which the engine never calls.
+        unsafe { self.register_mode(start, len, REGISTER_MODE_WP) }
+    }
+
+    /// UFFDIO_REGISTER with `mode`.
+    ///
+    /// # Safety
+    /// As [`Uffd::register`] for the faults `mode` reports.
+    unsafe fn register_mode(&self, start: usize, len: usize, mode: u64) -> Result<(), Errno> {
         let mut r = UffdioRegister {
             range: UffdioRange {
                 start: start as u64,
                 len: len as u64,
             },
-            mode: REGISTER_MODE_MISSING,
+            mode,
             ioctls: 0,
         };
         // SAFETY: UFFDIO_REGISTER reads and writes a `struct uffdio_register`, which `r` is.

@@ -1,0 +1,514 @@
+//! Recycling (seeds 002/003): the pages a program gives up come back to it through the scrub
+//! thread, zeroed, instead of going back to the kernel to be allocated and zeroed again.
+//!
+//! ## The life of a freed page
+//! 1. **Out.** [`Shared::recycle`] (behind `Engine::recycle`, `Region::recycle`, the shim's
+//!    `free` and `munmap`) moves the pages the engine installed in the range out with
+//!    `UFFDIO_MOVE`: a whole PMD-mapped huge page with one PMD move into the huge dirty ring,
+//!    4 KiB pages in runs into the small dirty ring. Then `MADV_DONTNEED` over the whole range
+//!    discards whatever stayed (pages the engine did not install, moves refused after a fork
+//!    (EBUSY) or for an mlocked range (EINVAL), rings full): the range reads zero afterwards,
+//!    as after `MADV_DONTNEED`, and its next touch is served by the engine.
+//! 2. **Dirty.** A [`DirtyRing`] holds the program's bytes. Its pages are never handed out:
+//!    the fault handler takes pages from the clean rings only ([`crate::pool::Ring`]), and
+//!    nothing but the scrub moves pages from a dirty ring to a clean one.
+//! 3. **Zeroed and clean.** The scrub thread zeroes a dirty batch (at most 2 MiB, one fence)
+//!    and moves it to the tail of the matching clean ring, which publishes it
+//!    ([`crate::pool::Ring::fill_with`]). Hot or cold (seed 003): a batch freed moments ago
+//!    while the dirty backlog fits in the last-level cache is zeroed with temporal stores
+//!    (its lines are likely cached); the rest with the cold method (`zero_method`).
+//! 4. **Or gone.** A dirty batch that finds its clean ring full waits; after `purge_delay` it
+//!    goes back to the kernel (`MADV_DONTNEED`), and so do clean pages above `scrub_stop` that
+//!    nobody took for `purge_delay` (see `scrub.rs`).
+//!
+//! ## A dirty ring
+//! Like a clean ring, two monotonic page counters over one registered area: `tail` (pages moved
+//! in, advanced by recyclers one at a time under `lock`) and `head` (pages the scrub zeroed and
+//! moved on or purged, advanced by the scrub alone). Slots `[tail, head + pages)` are empty:
+//! the scrub advances `head` only past slots it emptied. A recycler that still finds a page in
+//! a slot (never expected) counts the slot as dirty: whatever it holds is zeroed before it goes
+//! anywhere. The rings are registered with the engine's userfaultfd in write-protect mode only
+//! (`Uffd::register_as_destination`), because UFFDIO_MOVE wants its destination registered.
+
+use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
+use crate::pool::Pool;
+use crate::region::Range;
+use crate::stats::Stats;
+use crate::sys::mman;
+use crate::sys::raw::Errno;
+use crate::sys::uffd::{Progress, Uffd};
+use crate::Shared;
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// Pages the scrub zeroes and moves on in one step: one 2 MiB batch, one fence.
+pub(crate) const BATCH_PAGES: u64 = PMD_PAGES;
+
+/// Moves retried after an EAGAIN that moved nothing (an event pending: mmap_changing).
+const AGAIN_RETRIES: u32 = 8;
+
+/// Source pages a recycle call skips after EBUSY (pages shared with a forked child) before
+/// it leaves the rest of the range to `MADV_DONTNEED`.
+const BUSY_SKIPS: u32 = 16;
+
+/// What [`DirtyRing::put`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Put {
+    /// Source pages dealt with, from the start: moved, or holes (nothing to move).
+    pub(crate) consumed: u64,
+    /// Of those, pages moved in.
+    pub(crate) moved: u64,
+    /// The errno that refused the page at `consumed` (EBUSY, EINVAL, ...).
+    pub(crate) refused: Option<Errno>,
+    /// The ring had no room for the page at `consumed`.
+    pub(crate) full: bool,
+}
+
+/// A batch of dirty pages at the ring's head, for the scrub.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Batch {
+    pub(crate) addr: usize,
+    pub(crate) pages: u64,
+    /// When its last page came in (ns on the ring's clock).
+    pub(crate) stamp: u64,
+}
+
+/// One ring of recycled, not yet zeroed pages (see the module's docs).
+#[derive(Debug)]
+pub(crate) struct DirtyRing {
+    base: usize,
+    pages: u64,
+    /// Pages per slot: 1, or [`PMD_PAGES`] for the huge ring (one huge page a slot).
+    unit: u64,
+    head: AtomicU64,
+    tail: AtomicU64,
+    lock: Mutex<()>,
+    /// Per [`BATCH_PAGES`] slots: when a page last came in, ns since `born`.
+    stamps: Box<[AtomicU64]>,
+    born: Instant,
+}
+
+impl DirtyRing {
+    /// Reserves `bytes` (rounded up to 2 MiB) of address space for recycled pages; `huge`:
+    /// whole huge pages, one per 2 MiB slot.
+    pub(crate) fn new(bytes_: usize, huge: bool) -> io::Result<DirtyRing> {
+        let len = bytes_.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
+        let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true)?;
+        let thp = if huge {
+            mman::MADV_HUGEPAGE
+        } else {
+            mman::MADV_NOHUGEPAGE
+        };
+        // SAFETY: our fresh mapping, known to nobody yet: advice changes no content, and a
+        // forked child has no use for it.
+        let advise =
+            unsafe { mman::madvise(base, len, thp).and_then(|_| mman::madvise(base, len, mman::MADV_DONTFORK)) };
+        if let Err(e) = advise {
+            // SAFETY: as above.
+            let _ = unsafe { mman::unmap(base, len) };
+            return Err(e);
+        }
+        let n = pages(len);
+        Ok(DirtyRing {
+            base,
+            pages: n,
+            unit: if huge { PMD_PAGES } else { 1 },
+            head: AtomicU64::new(0),
+            tail: AtomicU64::new(0),
+            lock: Mutex::new(()),
+            stamps: (0..n.div_ceil(BATCH_PAGES)).map(|_| AtomicU64::new(0)).collect(),
+            born: Instant::now(),
+        })
+    }
+
+    /// The reserved area, as (address, length).
+    pub(crate) fn area(&self) -> (usize, usize) {
+        (self.base, bytes(self.pages))
+    }
+
+    /// Whether slots hold whole huge pages.
+    #[cfg(test)]
+    pub(crate) fn is_huge(&self) -> bool {
+        self.unit > 1
+    }
+
+    /// Pages waiting to be zeroed.
+    pub(crate) fn pending(&self) -> u64 {
+        let t = self.tail.load(Acquire);
+        t - self.head.load(Acquire).min(t)
+    }
+
+    /// Now, on the ring's clock (ns).
+    pub(crate) fn now(&self) -> u64 {
+        u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// Moves `n` pages from `src` in, with `mv(dst, src, len)` (UFFDIO_MOVE), as far as there
+    /// is room. In the huge ring `n` is one huge page and fills one slot. Recyclers call this
+    /// one at a time (the ring's lock).
+    pub(crate) fn put(&self, src: usize, n: u64, mv: &mut dyn FnMut(usize, usize, usize) -> Progress) -> Put {
+        debug_assert!(n % self.unit == 0);
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // Acquire: the scrub emptied every slot below `head` before it stored it.
+        let h = self.head.load(Acquire);
+        let t0 = self.tail.load(Relaxed);
+        let mut t = t0;
+        let mut got = Put::default();
+        'segments: while got.consumed < n {
+            let room = self.pages - (t - h);
+            let slot = t % self.pages;
+            let want = (n - got.consumed).min(room).min(self.pages - slot);
+            let want = want - want % self.unit;
+            if want == 0 {
+                got.full = true;
+                break;
+            }
+            let dst = self.base + bytes(slot);
+            // Slots of this segment used so far.
+            let mut d = 0;
+            let mut again = 0;
+            while d < want && got.consumed < n {
+                let len = (want - d).min(n - got.consumed);
+                let p = mv(dst + bytes(d), src + bytes(got.consumed), bytes(len));
+                let done = pages(p.done);
+                d += done;
+                got.consumed += done;
+                got.moved += done;
+                match p.errno {
+                    None => {}
+                    Some(Errno(libc::EAGAIN)) if done > 0 => {}
+                    // A page in the slot (never expected): the slot counts, and whatever it
+                    // holds is zeroed before it goes anywhere.
+                    Some(Errno(libc::EEXIST)) => d += 1,
+                    // A hole in the source: nothing to move there.
+                    Some(Errno(libc::ENOENT)) => got.consumed += 1,
+                    Some(Errno(libc::EAGAIN)) if again < AGAIN_RETRIES => again += 1,
+                    Some(e) => {
+                        got.refused = Some(e);
+                        t += if self.unit > 1 && d > 0 { self.unit } else { d };
+                        break 'segments;
+                    }
+                }
+            }
+            // A huge slot is used whole once anything is in it.
+            t += if self.unit > 1 && d > 0 { self.unit } else { d };
+        }
+        let now = self.now();
+        for i in (t0..t).step_by(crate::page::index(BATCH_PAGES)) {
+            self.stamps[crate::page::index((i % self.pages) / BATCH_PAGES)].store(now, Relaxed);
+        }
+        if t > t0 {
+            self.stamps[crate::page::index(((t - 1) % self.pages) / BATCH_PAGES)].store(now, Relaxed);
+        }
+        // Release: the moves happen before the scrub's Acquire load that sees them.
+        self.tail.store(t, Release);
+        debug_assert!(self.is_valid());
+        got
+    }
+
+    /// The batch at the head: at most [`BATCH_PAGES`], never crossing a batch boundary or the
+    /// ring's end. The scrub alone calls this.
+    pub(crate) fn peek(&self) -> Option<Batch> {
+        let h = self.head.load(Relaxed);
+        let t = self.tail.load(Acquire);
+        if h >= t {
+            return None;
+        }
+        let slot = h % self.pages;
+        let n = (t - h).min(BATCH_PAGES - slot % BATCH_PAGES);
+        Some(Batch {
+            addr: self.base + bytes(slot),
+            pages: n,
+            stamp: self.stamps[crate::page::index(slot / BATCH_PAGES)].load(Relaxed),
+        })
+    }
+
+    /// The scrub emptied the first `n` pages at the head (moved them on, or purged them).
+    pub(crate) fn consume(&self, n: u64) {
+        let h = self.head.load(Relaxed);
+        debug_assert!(h + n <= self.tail.load(Acquire));
+        // Release: the slots are empty before a recycler's Acquire load sees them free.
+        self.head.store(h + n, Release);
+    }
+
+    /// `head <= tail <= head + pages`, on whole slots.
+    pub(crate) fn is_valid(&self) -> bool {
+        let h = self.head.load(Acquire);
+        let t = self.tail.load(Acquire);
+        h <= t && t - h <= self.pages && h % self.unit == 0 && t % self.unit == 0
+    }
+
+    /// Gives every page back to the kernel and forgets them (the engine is going away, or the
+    /// pool is paused). Recyclers wait meanwhile; the scrub must not run.
+    pub(crate) fn release_all(&self) {
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        // SAFETY: the ring's own memory; no recycler runs (the lock), and the caller keeps the
+        // scrub away.
+        let _ = unsafe { mman::madvise(self.base, bytes(self.pages), mman::MADV_DONTNEED) };
+        self.head.store(self.tail.load(Relaxed), Release);
+    }
+}
+
+impl Drop for DirtyRing {
+    fn drop(&mut self) {
+        // SAFETY: the ring's own memory, and the ring is dropped.
+        let _ = unsafe { mman::unmap(self.base, bytes(self.pages)) };
+    }
+}
+
+/// What one recycle did, in pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recycled {
+    /// Pages moved into the pool, to come back zeroed.
+    pub pages: u64,
+    /// Of those, in whole 2 MiB huge pages.
+    pub huge_pages: u64,
+    /// Pages the engine had installed that were discarded instead: a move refused (pages
+    /// shared with a forked child, an mlocked range) or the pool full.
+    pub discarded: u64,
+}
+
+impl Shared {
+    /// Discards `[addr, addr + len)` (page aligned) like `MADV_DONTNEED`, keeping the pages the
+    /// engine installed there for the pool (see the module's docs). The range reads zero
+    /// afterwards. `Err` is `MADV_DONTNEED`'s (an mlocked range, say); the pages moved out
+    /// before it stay recycled.
+    pub(crate) fn recycle(&self, addr: usize, len: usize) -> io::Result<Recycled> {
+        let mut done = Recycled::default();
+        let end = addr.saturating_add(len);
+        let pool = self
+            .pool
+            .as_ref()
+            .filter(|p| p.recycles() && !self.pool_paused.load(Acquire) && !self.failed.load(Acquire));
+        if let Some(pool) = pool {
+            let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+            if let Some(u) = uffd.as_ref() {
+                for r in self.ranges.overlapping(addr, end) {
+                    let (a, b) = (addr.max(r.start), end.min(r.end()));
+                    let span = recycle_span(u, pool, &r, a, b);
+                    done.pages += span.pages;
+                    done.huge_pages += span.huge_pages;
+                    done.discarded += span.discarded;
+                }
+            }
+        }
+        let stats = &*self.stats;
+        Stats::add(&stats.recycle_calls, 1);
+        Stats::add(&stats.pages_recycled, done.pages);
+        Stats::add(&stats.huge_recycled, done.huge_pages / PMD_PAGES);
+        Stats::add(&stats.recycle_discarded, done.discarded);
+        if done.pages > 0 {
+            self.scrub.kick();
+        }
+        // SAFETY: the caller asked for the range to be discarded; what was moved out is a hole
+        // already, and the rest goes as MADV_DONTNEED would take it.
+        unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }?;
+        Ok(done)
+    }
+}
+
+/// Recycles the pages the engine installed in `[a, b)` of `range`, PMD by PMD. Pages it
+/// claimed that are not there (a window still being installed when the program gave the
+/// range up) count nowhere.
+fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Recycled {
+    let mut done = Recycled::default();
+    let mut mv = |d: usize, s: usize, l: usize| {
+        // SAFETY: `s` lies in a range the caller of `recycle` gives up (its bytes may go
+        // anywhere: into a dirty ring, to be zeroed before anyone sees them), and `d` is an
+        // empty slot of a dirty ring, which no one else writes (see `DirtyRing::put`).
+        unsafe { u.move_pages(d, s, l) }
+    };
+    let (mut small_open, mut huge_open, mut busy) = (true, true, 0u32);
+    let mut runs = Vec::new();
+    let mut at = a;
+    while at < b {
+        let pmd_end = ((at / PMD_SIZE) + 1) * PMD_SIZE;
+        let seg_end = pmd_end.min(b);
+        let first = range.page_of(at);
+        let n = pages(seg_end - at);
+        let claimed = range.map.count_range(first, n);
+        if claimed == 0 {
+            at = seg_end;
+            continue;
+        }
+        // A whole PMD the engine filled with a huge page (no page table: see thp.rs).
+        let whole = at % PMD_SIZE == 0 && seg_end == pmd_end && claimed == PMD_PAGES && !range.pmds.has_table(at);
+        if whole {
+            match pool.dirty_huge.as_ref().filter(|_| huge_open) {
+                Some(ring) => {
+                    let p = ring.put(at, PMD_PAGES, &mut mv);
+                    done.pages += p.moved;
+                    done.huge_pages += p.moved;
+                    if p.refused.is_some() || p.full {
+                        done.discarded += PMD_PAGES - p.consumed;
+                    }
+                    huge_open &= !p.full && p.refused.is_none();
+                }
+                // Moving a huge page out in 4 KiB pieces would split it (most of a millisecond):
+                // it goes with the MADV_DONTNEED.
+                None => done.discarded += PMD_PAGES,
+            }
+            range.map.clear(first, n);
+            at = seg_end;
+            continue;
+        }
+        runs.clear();
+        range.map.claimed_runs(first, n, &mut runs);
+        for &(p0, np) in &runs {
+            let mut off = 0;
+            while off < np {
+                let Some(ring) = pool.dirty_small.as_ref().filter(|_| small_open) else {
+                    done.discarded += np - off;
+                    break;
+                };
+                let p = ring.put(range.addr_of(p0 + off), np - off, &mut mv);
+                done.pages += p.moved;
+                off += p.consumed;
+                match p.refused {
+                    // Shared with a forked child: skip the page, a few times.
+                    Some(Errno(libc::EBUSY)) if busy < BUSY_SKIPS => {
+                        busy += 1;
+                        off += 1;
+                        done.discarded += 1;
+                    }
+                    Some(_) => small_open = false,
+                    None if p.full => small_open = false,
+                    None => {}
+                }
+            }
+        }
+        range.map.clear(first, n);
+        at = seg_end;
+    }
+    debug_assert!(
+        done.pages + done.discarded <= pages(b - a),
+        "{done:?} of {}",
+        pages(b - a)
+    );
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::page::PAGE_SIZE;
+
+    /// A fake UFFDIO_MOVE over page numbers: `present` pages of the source move, holes are
+    /// ENOENT (or EAGAIN after progress), `busy` pages are EBUSY, occupied destinations EEXIST.
+    struct FakeMove {
+        present: std::collections::BTreeSet<usize>,
+        busy: std::collections::BTreeSet<usize>,
+        dst: std::collections::BTreeSet<usize>,
+        calls: u32,
+    }
+
+    impl FakeMove {
+        fn mv(&mut self, d: usize, s: usize, l: usize) -> Progress {
+            self.calls += 1;
+            let mut done = 0;
+            while done < l {
+                let (dp, sp) = (d + done, s + done);
+                let err = if self.dst.contains(&dp) {
+                    Some(libc::EEXIST)
+                } else if self.busy.contains(&sp) {
+                    Some(libc::EBUSY)
+                } else if !self.present.contains(&sp) {
+                    Some(libc::ENOENT)
+                } else {
+                    None
+                };
+                if let Some(e) = err {
+                    let e = if done > 0 { libc::EAGAIN } else { e };
+                    return Progress {
+                        done,
+                        errno: Some(Errno(e)),
+                    };
+                }
+                self.present.remove(&sp);
+                self.dst.insert(dp);
+                done += PAGE_SIZE;
+            }
+            Progress { done, errno: None }
+        }
+    }
+
+    fn fake(src: usize, n: usize) -> FakeMove {
+        FakeMove {
+            present: (0..n).map(|i| src + i * PAGE_SIZE).collect(),
+            busy: Default::default(),
+            dst: Default::default(),
+            calls: 0,
+        }
+    }
+
+    const SRC: usize = 1 << 40;
+
+    #[test]
+    fn put_moves_runs_skips_holes_and_stops_where_refused_or_full() {
+        let ring = DirtyRing::new(PMD_SIZE, false).unwrap(); // 512 slots
+        let mut f = fake(SRC, 600);
+        f.present.remove(&(SRC + 3 * PAGE_SIZE)); // a hole
+        let p = ring.put(SRC, 10, &mut |d, s, l| f.mv(d, s, l));
+        assert_eq!((p.consumed, p.moved, p.refused, p.full), (10, 9, None, false));
+        assert_eq!(ring.pending(), 9, "the hole used no slot");
+        f.busy.insert(SRC + 15 * PAGE_SIZE);
+        let p = ring.put(SRC + 10 * PAGE_SIZE, 10, &mut |d, s, l| f.mv(d, s, l));
+        assert_eq!((p.consumed, p.moved, p.refused), (5, 5, Some(Errno(libc::EBUSY))));
+        assert_eq!(ring.pending(), 14);
+        // 498 slots left: a put of 600 fills them and says full.
+        let p = ring.put(SRC + 16 * PAGE_SIZE, 584, &mut |d, s, l| f.mv(d, s, l));
+        assert_eq!((p.moved, p.full), (498, true));
+        assert_eq!(ring.pending(), 512);
+        assert!(ring.is_valid());
+        // The scrub empties the first batch (it crosses nothing: 512 slots are one batch).
+        let b = ring.peek().unwrap();
+        assert_eq!((b.addr, b.pages), (ring.area().0, 512));
+        ring.consume(200);
+        for i in 0..200 {
+            f.dst.remove(&(ring.area().0 + i * PAGE_SIZE));
+        }
+        // Room again: the next put wraps to slot 0.
+        let p = ring.put(SRC + 514 * PAGE_SIZE, 86, &mut |d, s, l| f.mv(d, s, l));
+        assert_eq!((p.moved, p.full), (86, false));
+        let b = ring.peek().unwrap();
+        assert_eq!(
+            (b.addr, b.pages),
+            (ring.area().0 + 200 * PAGE_SIZE, 312),
+            "to the ring's end"
+        );
+    }
+
+    #[test]
+    fn a_slot_still_holding_a_page_counts_as_dirty() {
+        let ring = DirtyRing::new(PMD_SIZE, false).unwrap();
+        let mut f = fake(SRC, 8);
+        f.dst.insert(ring.area().0 + 2 * PAGE_SIZE);
+        let p = ring.put(SRC, 8, &mut |d, s, l| f.mv(d, s, l));
+        assert_eq!((p.consumed, p.moved), (8, 8));
+        assert_eq!(ring.pending(), 9, "eight pages and the occupied slot");
+    }
+
+    #[test]
+    fn the_huge_ring_takes_one_huge_page_a_slot() {
+        let ring = DirtyRing::new(2 * PMD_SIZE, true).unwrap();
+        assert!(ring.is_huge());
+        let mut f = fake(SRC, 3 * 512);
+        for k in 0..3 {
+            let p = ring.put(SRC + k * PMD_SIZE, PMD_PAGES, &mut |d, s, l| f.mv(d, s, l));
+            assert_eq!(p.moved, if k < 2 { PMD_PAGES } else { 0 }, "{k}");
+            assert_eq!(p.full, k == 2);
+        }
+        assert_eq!(ring.pending(), 1024);
+        // A partly refused huge page still uses its whole slot.
+        ring.consume(512);
+        f.dst.retain(|&d| d >= ring.area().0 + PMD_SIZE);
+        f.present.extend((0..512).map(|i| SRC + 4 * PMD_SIZE + i * PAGE_SIZE));
+        f.busy.insert(SRC + 4 * PMD_SIZE + 100 * PAGE_SIZE);
+        let p = ring.put(SRC + 4 * PMD_SIZE, PMD_PAGES, &mut |d, s, l| f.mv(d, s, l));
+        assert_eq!((p.moved, p.refused), (100, Some(Errno(libc::EBUSY))));
+        assert_eq!(ring.pending(), 1024);
+        assert!(ring.is_valid());
+    }
+}
