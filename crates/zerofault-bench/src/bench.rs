@@ -51,6 +51,7 @@ pub(crate) const SPEC: Spec = Spec {
         ("mode", true),
         ("pattern", true),
         ("touch", true),
+        ("loop", true),
         ("format", true),
         ("plot", true),
         ("pin", false),
@@ -236,6 +237,8 @@ pub(crate) struct BenchArgs {
     pub(crate) modes: Vec<Mode>,
     pub(crate) pattern: Pattern,
     pub(crate) touch: f64,
+    /// `--loop N`: each thread allocates, touches and frees its share N times (seed 003).
+    pub(crate) loops: u32,
     pub(crate) format: Format,
     pub(crate) plot: Option<PathBuf>,
     pub(crate) pin: bool,
@@ -252,6 +255,7 @@ impl Default for BenchArgs {
             modes: vec![Mode::plain(Base::Native), Mode::plain(Base::Engine)],
             pattern: Pattern::Seq,
             touch: 1.0,
+            loops: 1,
             format: Format::Table,
             plot: None,
             pin: false,
@@ -300,6 +304,7 @@ pub(crate) fn parse(args: &[String]) -> Result<BenchArgs, String> {
         touch: p.get("touch", d.touch, "a fraction 0 < F <= 1", |s| {
             positive_f64(s).filter(|f| *f <= 1.0)
         })?,
+        loops: p.get("loop", 1, "an integer 1..=1000", int_in(1, 1000))? as u32,
         format: p.get("format", d.format, "table, json or csv", |s| match s {
             "table" => Some(Format::Table),
             "json" => Some(Format::Json),
@@ -450,6 +455,9 @@ pub(crate) struct Point {
 }
 
 fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, String> {
+    if a.loops > 1 {
+        return run_loop_rep(a, mode, at, rep);
+    }
     let bytes = a.bytes();
     let pages_total = bytes / PAGE_SIZE;
     let lists = touch_lists(a.pattern, a.touch, at.threads, pages_total, rep);
@@ -485,25 +493,10 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
         Base::Thp => plain(Thp::Always, false),
         Base::Populate => plain(Thp::Never, true),
         Base::Engine | Base::EngineCold => {
-            let warm = mode.base == Base::Engine;
-            let env = Options::from_env().map_err(|e| e.to_string())?;
             // Each page of the region is claimed once, so the region's size is all the run
-            // can take from the pool; one more 2 MiB chunk covers the rounding.
-            let need = warm.then(|| bytes + (2 << 20));
-            let opts = mode
-                .options(env, need)
-                .map_err(|e| format!("--mode {}: {e}", mode.name()))?;
-            let engine = Engine::new(opts).map_err(|e| format!("engine: {e}"))?;
-            let mut fill = None;
-            if warm {
-                let (u0, s0) = process_cpu_time();
-                let t0 = Instant::now();
-                engine
-                    .prefill(engine.options().pool_max)
-                    .map_err(|e| format!("pool fill: {e}"))?;
-                let (u1, s1) = process_cpu_time();
-                fill = Some((t0.elapsed().as_secs_f64(), (u1 - u0 + s1 - s0).as_secs_f64()));
-            }
+            // can take from the pool; one more 2 MiB chunk covers the rounding. What the run
+            // takes, no more: pool_max is a cap (2G by default), not a target.
+            let (engine, fill) = start_engine(mode, bytes + (2 << 20))?;
             let region = engine.map(bytes).map_err(|e| format!("engine: {e}"))?;
             let before = engine.stats();
             let base = region.as_ptr() as usize;
@@ -521,6 +514,131 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
             })
         }
     }
+}
+
+/// The engine a mode runs, and its pre-fill of `need` bytes for `engine` (warm): (engine,
+/// fill wall and CPU seconds).
+fn start_engine(mode: &Mode, need: usize) -> Result<(Engine, Option<(f64, f64)>), String> {
+    let warm = mode.base == Base::Engine;
+    let env = Options::from_env().map_err(|e| e.to_string())?;
+    let opts = mode
+        .options(env, warm.then_some(need))
+        .map_err(|e| format!("--mode {}: {e}", mode.name()))?;
+    let engine = Engine::new(opts).map_err(|e| format!("engine: {e}"))?;
+    if !warm {
+        return Ok((engine, None));
+    }
+    let (u0, s0) = process_cpu_time();
+    let t0 = Instant::now();
+    engine.prefill(need).map_err(|e| format!("pool fill: {e}"))?;
+    let (u1, s1) = process_cpu_time();
+    let fill = (t0.elapsed().as_secs_f64(), (u1 - u0 + s1 - s0).as_secs_f64());
+    Ok((engine, Some(fill)))
+}
+
+/// `--loop N` (seed 003's benchmark): each thread allocates its share, touches it as in a plain
+/// run and frees it, N times in a row. Natively the share is an mmap freed with munmap (THP
+/// and populate advice as their modes say); under the engine it is a region whose pages are
+/// recycled ([`zerofault::Region::recycle`]) before it is unmapped. Wall runs from the start
+/// barrier to the last thread's end; user and system are the whole process's, read once the
+/// scrub thread has zeroed every recycled page, so that its work is counted.
+fn run_loop_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, String> {
+    let pages_total = a.bytes() / PAGE_SIZE;
+    let share_pages = pages_total / at.threads;
+    let share = share_pages * PAGE_SIZE;
+    let lists = touch_lists(a.pattern, a.touch, at.threads, pages_total, rep);
+    let pages: u64 = lists.iter().map(|l| l.len() as u64).sum::<u64>() * u64::from(a.loops);
+    let ncpu = online_cpus();
+    let (engine, fill) = match mode.base {
+        Base::Engine | Base::EngineCold => {
+            let (e, f) = start_engine(mode, share * at.threads + (2 << 20))?;
+            (Some(e), f)
+        }
+        _ => (None, None),
+    };
+    let before = engine.as_ref().map(Engine::stats);
+    let touch = |base: usize, t: usize, list: &[u32]| {
+        let first = t * share_pages;
+        for &p in list {
+            let page = base + (p as usize - first) * PAGE_SIZE;
+            for c in 0..at.cachelines {
+                // SAFETY: `base` is this thread's live read-write share for this round; the
+                // page index lies inside it; c * 64 < 4096.
+                unsafe { ((page + c * CACHE_LINE) as *mut u8).write_volatile(1) };
+            }
+        }
+    };
+    let round = |t: usize, list: &[u32]| -> Result<(), String> {
+        match (&engine, mode.base) {
+            (Some(e), _) => {
+                let mut r = e.map(share).map_err(|e| format!("engine: {e}"))?;
+                touch(r.as_ptr() as usize, t, list);
+                r.recycle(0, r.len()).map_err(|e| format!("recycle: {e}"))?;
+            }
+            (None, base) => {
+                let thp = if base == Base::Thp { Thp::Always } else { Thp::Never };
+                let m = Mapping::new(share, thp).map_err(|e| format!("mmap: {e}"))?;
+                let addr = m.as_ptr() as usize;
+                if base == Base::Populate {
+                    populate_write(addr, share).map_err(|e| format!("MADV_POPULATE_WRITE: {e}"))?;
+                }
+                touch(addr, t, list);
+                drop(m); // munmap
+            }
+        }
+        Ok(())
+    };
+    let barrier = Barrier::new(at.threads + 1);
+    let (u0, s0, t0, end) = std::thread::scope(|s| -> Result<_, String> {
+        let handles: Vec<_> = lists
+            .iter()
+            .enumerate()
+            .map(|(t, list)| {
+                let (barrier, round) = (&barrier, &round);
+                s.spawn(move || -> Result<Instant, String> {
+                    if a.pin {
+                        pin_to_cpu(t % ncpu).map_err(|e| format!("--pin: sched_setaffinity: {e}"))?;
+                    }
+                    barrier.wait();
+                    for _ in 0..a.loops {
+                        round(t, list)?;
+                    }
+                    Ok(Instant::now())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(5)); // let every thread reach the barrier
+        let (u0, s0) = process_cpu_time();
+        let t0 = Instant::now();
+        barrier.wait();
+        let mut end = t0;
+        for h in handles {
+            end = end.max(h.join().expect("loop thread")?);
+        }
+        Ok((u0, s0, t0, end))
+    })?;
+    let stats = engine.as_ref().map(|e| {
+        // The scrub's work on the last round's pages counts too.
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) {
+            let s = e.stats();
+            if s.pages_scrubbed + s.pages_purged >= s.pages_recycled {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        e.stats().since(before.as_ref().expect("stats before"))
+    });
+    let (u1, s1) = process_cpu_time();
+    drop(engine);
+    Ok(Rep {
+        user: (u1 - u0).as_secs_f64(),
+        sys: (s1 - s0).as_secs_f64(),
+        wall: (end - t0).as_secs_f64(),
+        pages,
+        fill,
+        stats,
+    })
 }
 
 pub(crate) fn median(mut v: Vec<f64>) -> f64 {
@@ -732,6 +850,8 @@ mod tests {
             ("--pattern zigzag", "--pattern"),
             ("--pattern stride:0", "--pattern"),
             ("--touch 1.5", "--touch"),
+            ("--loop 0", "--loop"),
+            ("--loop 1001", "--loop"),
             ("--format xml", "--format"),
             ("--plot x.pdf", "--plot"),
             ("--pin=1", "--pin takes no value"),
@@ -782,9 +902,11 @@ mod tests {
     #[test]
     fn variant_knobs_apply_on_top_and_warm_pool_grows() {
         let m = Mode::parse("engine:max_order=3:pool=off").unwrap();
-        let o = m.options(Options::default(), Some(1 << 30)).unwrap();
+        let o = m.options(Options::default(), Some(4 << 30)).unwrap();
         assert_eq!((o.max_order, o.pool), (3, false));
-        assert_eq!(o.pool_max, 1 << 30, "warm: pool_max covers the run");
+        assert_eq!(o.pool_max, 4 << 30, "warm: pool_max covers the run");
+        let o = m.options(Options::default(), Some(1 << 30)).unwrap();
+        assert_eq!(o.pool_max, Options::default().pool_max, "and is never lowered");
         assert_eq!(o.start_order, 3, "start order follows a lower max order");
         let m = Mode::parse("engine:pool_max=64M").unwrap();
         let o = m.options(Options::default(), Some(1 << 30)).unwrap();

@@ -60,6 +60,7 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
         modes: every.clone(),
         pattern: Pattern::Seq,
         touch: 1.0,
+        loops: 1,
         format: Format::Table,
         plot: None,
         pin: false,
@@ -121,6 +122,22 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
                     variant("engine:pool_thp=off"),
                     Mode::plain(Base::EngineCold),
                     variant("engine-cold:pool_thp=off"),
+                ],
+                ..base.clone()
+            },
+        },
+        Suite {
+            id: "loop",
+            title: "Allocate, touch, free, ten times (seed 003's benchmark)",
+            about: "Each thread allocates its share, touches every page and frees it, ten times                     in a row. Natively each round is a fresh mmap freed with munmap; the engine                     recycles each round's pages (moved into the pool, zeroed by the scrub                     thread, moved back to the next round), and `engine:recycle=off` gives them                     back to the kernel as before recycling existed. User and system include                     the scrub thread's zeroing of the last round.",
+            args: BenchArgs {
+                loops: 10,
+                modes: vec![
+                    Mode::plain(Base::Native),
+                    Mode::plain(Base::Thp),
+                    Mode::plain(Base::Engine),
+                    Mode::plain(Base::EngineCold),
+                    variant("engine-cold:recycle=off"),
                 ],
                 ..base
             },
@@ -364,8 +381,10 @@ mod tests {
         for m in ["engine:pool=off", "engine:pool_thp=off", "engine-cold:pool_thp=off"] {
             assert!(s[3].args.modes.iter().any(|x| x.name() == m), "{m}");
         }
+        assert_eq!(s[4].args.loops, 10, "seed 003's benchmark");
+        assert!(s[4].args.modes.iter().any(|x| x.name() == "engine-cold:recycle=off"));
         let runs: usize = s.iter().map(|x| x.args.runs()).sum();
-        assert_eq!(runs, 3 * (14 * 5 + 2 * 5 + 2 * 5 + 2 * 8));
+        assert_eq!(runs, 3 * (14 * 5 + 2 * 5 + 2 * 5 + 2 * 8 + 2 * 5));
     }
 
     #[test]

@@ -255,6 +255,50 @@ fn bench_kernel_modes_csv_and_table() {
     assert!(out.contains("fault/wsec relative to native"), "{out}");
 }
 
+/// `--loop N`: every round of every thread counted, and the engine's pages recycled and zeroed
+/// by the scrub between rounds (its counters say so).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn bench_loop_recycles_between_rounds_and_counts_every_round() {
+    let o = zerofault(
+        &[
+            "bench",
+            "--gb",
+            "0.0625",
+            "--loop",
+            "4",
+            "--reps",
+            "1",
+            "--threads",
+            "2",
+            "--mode",
+            "native,engine",
+            "--format",
+            "json",
+        ],
+        &[],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    let rows = out["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        assert_eq!(r["loops"], 4);
+        assert_eq!(r["pages"], 4 * 16384, "four rounds of 64 MiB");
+    }
+    let e = &rows[1]["engine_stats"];
+    let recycled = e["pages_recycled"].as_u64().unwrap();
+    assert!(recycled >= 4 * 16384 * 9 / 10, "every round's pages recycled: {e}");
+    assert!(
+        e["pages_scrubbed"].as_u64().unwrap() + e["pages_purged"].as_u64().unwrap() >= recycled,
+        "{e}"
+    );
+    assert!(
+        e["pages_moved"].as_u64().unwrap() >= 3 * 16384,
+        "rounds after the first from the pool: {e}"
+    );
+}
+
 /// The whole report suite, tiny: BENCHMARKS.md with its sections, tables and plots.
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
@@ -288,14 +332,18 @@ fn report_writes_benchmarks_md_with_tables_and_plots() {
     ] {
         assert!(md.contains(needle), "{needle} missing:\n{md}");
     }
-    for id in ["seq", "random", "random-sparse", "mechanisms"] {
+    assert!(
+        md.contains("## 5. Allocate, touch, free, ten times (seed 003's benchmark)"),
+        "{md}"
+    );
+    for id in ["seq", "random", "random-sparse", "mechanisms", "loop"] {
         assert!(md.contains(&format!("({id}.png)")), "{id}");
         let png = std::fs::read(dir.join(format!("{id}.png"))).expect("plot");
         assert_eq!(&png[1..4], b"PNG");
     }
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("benchmarks.json")).unwrap()).unwrap();
-    assert_eq!(j["suites"].as_array().unwrap().len(), 4);
+    assert_eq!(j["suites"].as_array().unwrap().len(), 5);
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

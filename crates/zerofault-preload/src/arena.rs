@@ -349,29 +349,34 @@ impl Arena {
     }
 
     /// Frees the block at `p`. `Err` for a pointer that is not a live block (a double free, or
-    /// one the arena never returned); the caller aborts.
-    pub fn free(&self, p: usize) -> Result<(), Invalid> {
+    /// one the arena never returned); the caller aborts. `recycle(addr, len)` is offered the
+    /// block's pages first (the engine keeps them for its pool); it returns `true` only when
+    /// the range reads zero afterwards (its discard succeeded), else the arena discards them.
+    pub fn free(&self, p: usize, recycle: &dyn Fn(usize, usize) -> bool) -> Result<(), Invalid> {
         let h = self.block(p)?;
         let (w, bit) = self.live_word(self.page_of(p - PAGE_SIZE));
         if w.fetch_and(!bit, AcqRel) & bit == 0 {
             return Err(Invalid); // another thread freed it first
         }
         // SAFETY: the block's pages; its live bit was ours to clear, so its owner freed it.
-        unsafe { self.release(h.first, h.pages) };
+        unsafe { self.release(h.first, h.pages, recycle) };
         Ok(())
     }
 
-    /// Returns pages `[first, first + pages)` to the free list, zero and `PROT_NONE`.
+    /// Returns pages `[first, first + pages)` to the free list, zero and `PROT_NONE`: recycled
+    /// (see [`Arena::free`]) or discarded.
     ///
     /// # Safety
     /// The pages are allocated from this arena and their owner gives them up: nothing touches
     /// them again.
-    unsafe fn release(&self, first: u64, pages: u64) {
+    unsafe fn release(&self, first: u64, pages: u64, recycle: &dyn Fn(usize, usize) -> bool) {
         let addr = self.base + first as usize * PAGE_SIZE;
         let bytes = pages as usize * PAGE_SIZE;
         // SAFETY: the caller's contract.
         unsafe {
-            discard(addr, bytes);
+            if !recycle(addr, bytes) {
+                discard(addr, bytes);
+            }
             let _ = mman::protect(addr, bytes, libc::PROT_NONE);
         }
         self.free.with(|f| f.give(first, pages));
@@ -423,7 +428,7 @@ impl Arena {
         // SAFETY: the header of a live block of ours, read-write.
         unsafe { ((p - HEADER) as *mut Header).write(n) };
         // SAFETY: the block's pages past what it keeps, which its owner gives up by shrinking.
-        unsafe { self.release(h.first + keep, spare) };
+        unsafe { self.release(h.first + keep, spare, &|_, _| false) };
     }
 
     /// Calls `f(addr, len)` for every free extent (to unlock them after `mlockall`).
@@ -552,10 +557,14 @@ mod tests {
         assert!(engine::is_zero(s));
         s.fill(0x5a);
         assert_eq!(a.block(p).unwrap().usable, 8 << 20);
-        a.free(p).unwrap();
+        a.free(p, &|_, _| false).unwrap();
         assert_eq!(resident(p, 8 << 20), 0, "discarded");
-        assert_eq!(a.free(p), Err(Invalid), "a double free is refused");
-        assert_eq!(a.free(p + PAGE_SIZE), Err(Invalid), "so is a pointer inside a block");
+        assert_eq!(a.free(p, &|_, _| false), Err(Invalid), "a double free is refused");
+        assert_eq!(
+            a.free(p + PAGE_SIZE, &|_, _| false),
+            Err(Invalid),
+            "so is a pointer inside a block"
+        );
         let q = a.alloc(8 << 20, 16, false).unwrap();
         assert_eq!(q, p, "first fit");
         // SAFETY: q is a live 8 MiB block of ours.
@@ -563,7 +572,7 @@ mod tests {
             std::slice::from_raw_parts(q as *const u8, 8 << 20)
         }));
         assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64 - 2049);
-        a.free(q).unwrap();
+        a.free(q, &|_, _| false).unwrap();
         assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64);
     }
 
@@ -574,13 +583,13 @@ mod tests {
         mman::mlock(p, 4 << 20).unwrap();
         // SAFETY: p is a live 4 MiB block of ours.
         unsafe { std::ptr::write_bytes(p as *mut u8, 0x5a, 4 << 20) };
-        a.free(p).unwrap();
+        a.free(p, &|_, _| false).unwrap();
         let q = a.alloc(4 << 20, 16, false).unwrap();
         assert_eq!(q, p);
         // SAFETY: q is a live 4 MiB block of ours.
         let s = unsafe { std::slice::from_raw_parts(q as *const u8, 4 << 20) };
         assert!(engine::is_zero(s), "no secret from the locked block");
-        a.free(q).unwrap();
+        a.free(q, &|_, _| false).unwrap();
     }
 
     #[test]
@@ -602,8 +611,8 @@ mod tests {
         a.shrink(p, g, 1 << 20, 16);
         assert_eq!(a.block(p).unwrap().usable, 1 << 20);
         assert!(a.block(q).is_ok());
-        a.free(p).unwrap();
-        a.free(q).unwrap();
+        a.free(p, &|_, _| false).unwrap();
+        a.free(q, &|_, _| false).unwrap();
         assert_eq!(a.free_pages().0, (64 << 20) / PAGE_SIZE as u64);
     }
 }

@@ -68,13 +68,27 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return;
     }
     if let Some(a) = arena().filter(|a| a.contains(p as usize)) {
-        if a.free(p as usize).is_err() {
+        if a.free(p as usize, &recycle).is_err() {
             abort_invalid("free", p);
         }
         return;
     }
     // SAFETY: p came from the next allocator (it is neither ours nor the boot buffer's).
     unsafe { next::free(p) }
+}
+
+/// Offers a freed block's pages to the engine's pool (`ZEROFAULT_RECYCLE`): `true` when they
+/// were recycled and the block reads zero (the recycle's own discard succeeded). Signals
+/// blocked and errno kept meanwhile: the recycle takes the engine's locks.
+fn recycle(addr: usize, len: usize) -> bool {
+    let Some(_g) = enter() else { return false };
+    let Some(e) = state::running().filter(|e| e.options().recycle && e.serves_any(addr, len)) else {
+        return false;
+    };
+    let _q = state::Quiet::new();
+    // SAFETY: a block the program freed: its pages are given up (the arena makes them
+    // PROT_NONE right after).
+    unsafe { e.recycle(addr as *mut u8, len) }.is_ok()
 }
 
 /// Moves `len` bytes (whole pages) from arena block `p` to fresh arena block `q`: the pages

@@ -316,17 +316,21 @@ fn start() {
     }
     // The arena: made once (a forked child keeps its parent's and registers it again), never
     // under a memory limit.
+    let mut made_now = false;
     if ARENA.load(Acquire).is_null() && opts.preload_arena > 0 && limit.is_none() {
         if let Ok(a) = Arena::new(opts.preload_arena) {
             ARENA.store(Box::into_raw(Box::new(a)), Release);
+            made_now = true;
         }
     }
     if let Some(a) = arena() {
         let (base, len) = a.area();
         // SAFETY: the arena is our own anonymous private reservation, mapped for the life of
         // the process and registered with no other userfaultfd (a fork child's registration was
-        // dropped by the kernel). Blocks already handed out (in a fork child) may hold pages.
-        if unsafe { e.adopt(base, len, false) }.is_err() {
+        // dropped by the kernel). Made just now, it holds no page and no page table, so whole
+        // PMDs of its blocks may take huge pages (and go back whole when freed); inherited by
+        // a fork child, its blocks already handed out may hold pages.
+        if unsafe { e.adopt(base, len, made_now) }.is_err() {
             ARENA.store(std::ptr::null_mut(), Release); // large mallocs pass through
         }
     }

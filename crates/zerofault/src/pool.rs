@@ -396,28 +396,53 @@ pub(crate) struct Pool {
     pub dirty_small: Option<DirtyRing>,
     /// Recycled huge pages waiting to be zeroed into `huge`.
     pub dirty_huge: Option<DirtyRing>,
+    /// `pool_max` in pages: the most the pool holds, ready and dirty.
+    limit: u64,
+    /// The small ring's share of `limit` ([`small_bytes`]), in pages: what the scrub's refill
+    /// and the purge aim at for it; the huge ring's share is the rest.
+    small_share: u64,
 }
 
 impl Pool {
     /// A pool of `bytes` in all: the small ring's share ([`small_bytes`]) and, with `huge`,
     /// the rest as the huge ring (when there is a rest of at least one chunk). With `recycle`,
-    /// a dirty ring of the same size beside each (address space only, until pages come back).
+    /// every ring, and a dirty ring beside each, can hold all of `bytes` (address space only,
+    /// until pages come): what comes back from the program is 4 KiB or huge pages in whatever
+    /// mix it freed; the pool-wide limit stays `bytes`.
     pub(crate) fn new(bytes: usize, huge: bool, recycle: bool) -> io::Result<Pool> {
         let bytes = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
         let small = if huge { small_bytes(bytes) } else { bytes };
-        let huge = if huge && bytes > small {
-            Some(Ring::new(bytes - small, true)?)
+        let has_huge = huge && bytes > small;
+        let ring_bytes = |share: usize| if recycle { bytes } else { share };
+        let huge_ring = if has_huge {
+            Some(Ring::new(ring_bytes(bytes - small), true)?)
         } else {
             None
         };
         let dirty = |r: &Ring| DirtyRing::new(bytes_of(r), r.index.unit > 1);
-        let small = Ring::new(small, false)?;
+        let small_ring = Ring::new(ring_bytes(small), false)?;
         Ok(Pool {
-            dirty_small: recycle.then(|| dirty(&small)).transpose()?,
-            dirty_huge: huge.as_ref().filter(|_| recycle).map(dirty).transpose()?,
-            small,
-            huge,
+            dirty_small: recycle.then(|| dirty(&small_ring)).transpose()?,
+            dirty_huge: huge_ring.as_ref().filter(|_| recycle).map(dirty).transpose()?,
+            small: small_ring,
+            huge: huge_ring,
+            limit: pages(bytes),
+            small_share: if has_huge { pages(small) } else { pages(bytes) },
         })
+    }
+
+    /// The share of `limit` the scrub's refill and the purge aim at for `ring` (one of ours).
+    pub(crate) fn share(&self, ring: &Ring) -> u64 {
+        if std::ptr::eq(ring, &self.small) {
+            self.small_share
+        } else {
+            self.limit - self.small_share
+        }
+    }
+
+    /// Pages the pool may still take in, ready or dirty, before it holds `pool_max`.
+    pub(crate) fn room(&self) -> u64 {
+        self.limit.saturating_sub(self.available() + self.dirty())
     }
 
     /// Every ring's area, clean and dirty, as (address, length).
@@ -458,19 +483,22 @@ impl Pool {
         self.small.available() + self.huge.as_ref().map_or(0, Ring::available)
     }
 
-    /// Pages both rings hold when full.
+    /// Pages the pool holds at most (`pool_max`).
     pub(crate) fn capacity(&self) -> u64 {
-        self.small.capacity() + self.huge.as_ref().map_or(0, Ring::capacity)
+        self.limit
     }
 
-    /// Producer step: one chunk into the ring that is emptier for its size (the small one on a
+    /// Producer step: one chunk into the ring that is emptier for its share (the small one on a
     /// tie), or into the other when that one is full. Returns the pages added; 0 when both are
     /// full (or `max_pages` is under a huge chunk and the small ring is full).
     pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
+        if self.room() == 0 {
+            return Ok(0);
+        }
         let Some(huge) = &self.huge else {
             return self.small.fill_step(max_pages, stats);
         };
-        let fullness = |r: &Ring| r.available() as f64 / r.capacity() as f64;
+        let fullness = |r: &Ring| r.available() as f64 / self.share(r).max(1) as f64;
         let (first, second) = if fullness(&self.small) <= fullness(huge) {
             (&self.small, huge)
         } else {

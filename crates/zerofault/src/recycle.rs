@@ -336,7 +336,11 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
         // A whole PMD the engine filled with a huge page (no page table: see thp.rs).
         let whole = at % PMD_SIZE == 0 && seg_end == pmd_end && claimed == PMD_PAGES && !range.pmds.has_table(at);
         if whole {
-            match pool.dirty_huge.as_ref().filter(|_| huge_open) {
+            match pool
+                .dirty_huge
+                .as_ref()
+                .filter(|_| huge_open && pool.room() >= PMD_PAGES)
+            {
                 Some(ring) => {
                     let p = ring.put(at, PMD_PAGES, &mut mv);
                     done.pages += p.moved;
@@ -359,11 +363,12 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
         for &(p0, np) in &runs {
             let mut off = 0;
             while off < np {
-                let Some(ring) = pool.dirty_small.as_ref().filter(|_| small_open) else {
+                let room = pool.room();
+                let Some(ring) = pool.dirty_small.as_ref().filter(|_| small_open && room > 0) else {
                     done.discarded += np - off;
                     break;
                 };
-                let p = ring.put(range.addr_of(p0 + off), np - off, &mut mv);
+                let p = ring.put(range.addr_of(p0 + off), (np - off).min(room), &mut mv);
                 done.pages += p.moved;
                 off += p.consumed;
                 match p.refused {

@@ -317,7 +317,7 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     // Down to scrub_stop, each ring to its share of it.
     let cap = pool.capacity();
     for ring in [Some(&pool.small), pool.huge.as_ref()].into_iter().flatten() {
-        let keep = u64::try_from(u128::from(stop) * u128::from(ring.capacity()) / u128::from(cap)).unwrap_or(0);
+        let keep = u64::try_from(u128::from(stop) * u128::from(pool.share(ring)) / u128::from(cap)).unwrap_or(0);
         while ring.available() > keep && !stopping(shared) {
             let n = ring.purge(ring.available() - keep);
             if n == 0 {
