@@ -136,6 +136,33 @@ pub fn forget_engine_threads_after_fork() {
     ENGINE_THREADS_HIGH.store(0, Release);
 }
 
+/// Tells glibc that the process has more than one thread, as its `pthread_create` does before
+/// the first one: the calling thread's `header.multiple_threads` (which glibc 2.36's malloc
+/// reads as `SINGLE_THREAD_P`) and `__libc_single_threaded` (which later glibc reads) are set.
+/// Otherwise a program whose only thread is the one starting the engine keeps taking glibc's
+/// single-thread shortcuts, malloc without its arena locks among them, while an engine thread
+/// allocates from the same arena (where the program's global allocator is glibc's: a Rust
+/// program using the library; the shim allocates from its own memory on engine threads). Seen
+/// here as heap corruption in `zerofault verify`, before any thread of its own existed.
+#[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
+fn mark_multi_threaded() {
+    extern "C" {
+        static mut __libc_single_threaded: libc::c_char;
+    }
+    // SAFETY: %fs:0x18 is `header.multiple_threads` in glibc's x86-64 TCB of the calling
+    // thread (the offset prepare() checked the layout for, and the one written for engine
+    // threads); glibc only ever sets it to 1 itself, and reads it on this thread.
+    // `__libc_single_threaded` is glibc's exported byte (2.32+); it is only ever cleared, as
+    // here, never set back.
+    unsafe {
+        std::arch::asm!("mov dword ptr fs:[0x18], 1", options(nostack, preserves_flags));
+        std::ptr::addr_of_mut!(__libc_single_threaded).write_volatile(0);
+    }
+}
+
+#[cfg(not(all(target_arch = "x86_64", target_env = "gnu")))]
+fn mark_multi_threaded() {}
+
 /// The calling thread's thread pointer (`%fs:0`, glibc's self-pointer).
 #[cfg(target_arch = "x86_64")]
 #[inline]
@@ -427,6 +454,7 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
         *tcb.add(5) = tcb_word(0x28); // header.stack_guard
         *tcb.add(6) = tcb_word(0x30); // header.pointer_guard
     }
+    mark_multi_threaded();
     let arg = Box::into_raw(Box::new(start)).cast::<libc::c_void>();
     let flags = libc::CLONE_VM
         | libc::CLONE_FS
