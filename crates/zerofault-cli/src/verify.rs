@@ -293,6 +293,165 @@ fn discard_and_retouch(bytes: usize) -> Result<Outcome, String> {
     })
 }
 
+/// Waits (at most 10 s) until the scrub zeroed, or purged, every page recycled so far.
+fn scrubbed(e: &Engine) -> Snapshot {
+    let t0 = std::time::Instant::now();
+    loop {
+        let s = e.stats();
+        if s.pages_scrubbed + s.pages_purged >= s.pages_recycled || t0.elapsed().as_secs() >= 10 {
+            return s;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    }
+}
+
+/// Nonzero bytes anywhere in pages `[from, to)`, read without writing (zero pages map where
+/// nothing is).
+fn nonzero_bytes(mem: &Mem, from: usize, to: usize) -> usize {
+    (from..to)
+        .map(|i| {
+            let p = mem.page(i);
+            if is_zero(p) {
+                0
+            } else {
+                p.iter().filter(|b| **b != 0).count()
+            }
+        })
+        .sum()
+}
+
+/// Fills every page with its marker (the secret), recycles the whole region, checks that it
+/// reads zero, lets the scrub zero the recycled pages, and visits every page again: those
+/// first writes take the recycled pages back from the pool, and must find them zero. Under
+/// whatever `ZEROFAULT_ZERO_METHOD` says.
+fn recycle_and_touch_again(bytes: usize) -> Result<Outcome, String> {
+    let pages = bytes / PAGE_SIZE;
+    let e = engine(&[])?;
+    let (mut r, mem) = region(&e, bytes)?;
+    let mut bad = par(mem, vec![all(pages)], Mem::first_write);
+    let done = r.recycle(0, bytes).map_err(|e| format!("recycle: {e}"))?;
+    bad += nonzero_bytes(&mem, 0, pages);
+    // The reads above mapped zero pages: drop them, so the second visit writes fresh pages.
+    r.discard(0, bytes).map_err(|e| format!("madvise: {e}"))?;
+    let before = scrubbed(&e);
+    bad += par(mem, vec![all(pages)], Mem::first_write);
+    bad += par(mem, vec![all(pages)], Mem::holds_marker);
+    let stats = e.stats();
+    drop(r);
+    let moved_back = stats.since(&before).pages_moved;
+    let ok = done.pages > 0 && before.pages_scrubbed > 0 && moved_back > 0;
+    Ok(Outcome {
+        name: "recycle",
+        pages,
+        bad,
+        exercised: ("pages recycled, zeroed by the scrub and moved back", ok),
+        stats,
+    })
+}
+
+/// As `recycle`, with the pages shared by a forked child (which checks its copy): the moves
+/// are refused (EBUSY) and the fallback discards; the region reads zero, the child keeps its
+/// bytes.
+fn recycle_after_fork(bytes: usize) -> Result<Outcome, String> {
+    let pages = bytes / PAGE_SIZE;
+    let e = engine(&[])?;
+    let (mut r, mem) = region(&e, bytes)?;
+    let mut bad = par(mem, vec![all(pages)], Mem::first_write);
+    let mut fds = [0; 2];
+    // SAFETY: a pipe into a valid array of two descriptors.
+    if unsafe { libc::pipe(fds.as_mut_ptr()) } != 0 {
+        return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+    }
+    // SAFETY: the child reads its copy of the region, and leaves with _exit: no allocation,
+    // no lock.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(format!("fork: {}", std::io::Error::last_os_error()));
+    }
+    if pid == 0 {
+        let mut b = [0u8; 1];
+        // SAFETY: a read into our byte, the check of our copy, _exit.
+        unsafe {
+            libc::read(fds[0], b.as_mut_ptr().cast(), 1);
+            let lost = (0..pages).filter(|&i| mem.holds_marker(i) != 0).count();
+            libc::_exit(i32::from(lost != 0));
+        }
+    }
+    let done = r.recycle(0, bytes).map_err(|e| format!("recycle: {e}"))?;
+    bad += nonzero_bytes(&mem, 0, pages);
+    let mut status = 0;
+    // SAFETY: one byte from our buffer to the child, then reaping it.
+    unsafe {
+        libc::write(fds[1], b"x".as_ptr().cast(), 1);
+        libc::waitpid(pid, &mut status, 0);
+        libc::close(fds[0]);
+        libc::close(fds[1]);
+    }
+    let child_ok = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    bad += if child_ok { 0 } else { bytes };
+    r.discard(0, bytes).map_err(|e| format!("madvise: {e}"))?;
+    bad += par(mem, vec![all(pages)], Mem::first_write);
+    bad += par(mem, vec![all(pages)], Mem::holds_marker);
+    let stats = e.stats();
+    drop(r);
+    Ok(Outcome {
+        name: "recycle-after-fork",
+        pages,
+        bad,
+        exercised: ("moves refused after fork, discarded instead", done.discarded > 0),
+        stats,
+    })
+}
+
+/// Threads each recycle and touch their own part of one region at once, three rounds: every
+/// first write finds zero, every page keeps its own marker.
+fn recycle_two_threads(bytes: usize, threads: usize) -> Result<Outcome, String> {
+    let pages = bytes / PAGE_SIZE;
+    let e = engine(&[])?;
+    let (r, mem) = region(&e, bytes)?;
+    let share = pages / threads;
+    let bad: usize = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let e = &e;
+                s.spawn(move || {
+                    let (from, to) = (t * share, if t + 1 == threads { pages } else { (t + 1) * share });
+                    let mut bad = 0;
+                    for _ in 0..3 {
+                        bad += (from..to).map(|i| mem.first_write(i)).sum::<usize>();
+                        bad += (from..to).map(|i| mem.holds_marker(i)).sum::<usize>();
+                        let (addr, len) = (mem.base + from * PAGE_SIZE, (to - from) * PAGE_SIZE);
+                        // SAFETY: this thread's own part of the region, given up here; no other
+                        // thread touches it.
+                        if unsafe { e.recycle(addr as *mut u8, len) }.is_err() {
+                            bad += len;
+                        }
+                        bad += nonzero_bytes(&mem, from, to);
+                        // SAFETY: as above; the zero pages the check mapped go.
+                        if unsafe { libc::madvise(addr as *mut libc::c_void, len, libc::MADV_DONTNEED) } != 0 {
+                            bad += len;
+                        }
+                    }
+                    bad
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("verify thread")).sum()
+    });
+    let stats = scrubbed(&e);
+    drop(r);
+    Ok(Outcome {
+        name: "recycle-threads",
+        pages,
+        bad,
+        exercised: (
+            "recycled pages zeroed and moved back while threads recycle",
+            stats.pages_recycled > 0 && stats.pages_scrubbed > 0,
+        ),
+        stats,
+    })
+}
+
 pub fn run(a: &VerifyArgs) -> Result<(), String> {
     zerofault::probe().map_err(|e| format!("zerofault verify: needs userfaultfd: {e}"))?;
     let bytes = gib_bytes(a.gb);
@@ -300,13 +459,16 @@ pub fn run(a: &VerifyArgs) -> Result<(), String> {
     let outcomes = PATTERNS
         .iter()
         .map(|p| run_pattern(p, bytes, a.threads))
-        .chain(std::iter::once_with(|| discard_and_retouch(bytes)));
+        .chain(std::iter::once_with(|| discard_and_retouch(bytes)))
+        .chain(std::iter::once_with(|| recycle_and_touch_again(bytes)))
+        .chain(std::iter::once_with(|| recycle_after_fork(bytes)))
+        .chain(std::iter::once_with(|| recycle_two_threads(bytes, a.threads)));
     for o in outcomes {
         let o = o?;
         let s = &o.stats;
         let ok = o.bad == 0 && o.exercised.1;
         println!(
-            "{:<22} {:>8} pages  {:>6} bad bytes  moved {} copied {} zero-mapped {} handed back {} events remove/unmap {}/{}  {}{}",
+            "{:<22} {:>8} pages  {:>6} bad bytes  moved {} copied {} zero-mapped {} handed back {} events remove/unmap {}/{} recycled/scrubbed/discarded {}/{}/{}  {}{}",
             o.name,
             o.pages,
             o.bad,
@@ -316,6 +478,9 @@ pub fn run(a: &VerifyArgs) -> Result<(), String> {
             s.pages_handed_back,
             s.events_remove,
             s.events_unmap,
+            s.pages_recycled,
+            s.pages_scrubbed,
+            s.recycle_discarded,
             if ok { "OK" } else { "FAILED" },
             if o.exercised.1 { String::new() } else { format!(" (did not exercise: {})", o.exercised.0) }
         );
@@ -324,7 +489,11 @@ pub fn run(a: &VerifyArgs) -> Result<(), String> {
     if failed > 0 {
         return Err(format!("zerofault verify: {failed} pattern(s) failed"));
     }
-    println!("verify: all patterns passed");
+    let method = Options::from_env().map_err(|e| e.to_string())?.zero_method;
+    println!(
+        "verify: all patterns passed (recycled pages zeroed by zero_method={})",
+        method.map_or("auto", |m| m.name())
+    );
     Ok(())
 }
 

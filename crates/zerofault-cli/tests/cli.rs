@@ -381,9 +381,34 @@ fn verify_passes_on_every_pattern() {
         "copy-forced",
         "small-pool",
         "unmap-and-touch-again",
+        "recycle ",
+        "recycle-after-fork",
+        "recycle-threads",
     ] {
         assert!(out.lines().any(|l| l.starts_with(p) && l.ends_with("OK")), "{p}: {out}");
     }
+}
+
+/// The recycle patterns under every zeroing method this machine has.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn verify_passes_under_every_zero_method() {
+    let mut ran = 0;
+    for m in zerofault::ZeroMethod::ALL {
+        if m.available().is_err() {
+            continue;
+        }
+        let o = zerofault(&["verify", "--gb", "0.03125"], &[("ZEROFAULT_ZERO_METHOD", m.name())]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(o.status.success(), "{}: {:?} {out}{}", m.name(), o.status, stderr(&o));
+        assert!(
+            out.contains(&format!("zeroed by zero_method={}", m.name())),
+            "{}: {out}",
+            m.name()
+        );
+        ran += 1;
+    }
+    assert!(ran >= 3, "kernel, stosb and nt exist everywhere");
 }
 
 #[test]

@@ -220,12 +220,11 @@ impl Engine {
             let pool = Pool::new(opts.pool_max, huge, opts.recycle).map_err(EngineError::Map)?;
             // Recycled pages move into the rings, which the kernel allows only into ranges
             // registered with the userfaultfd. Where it refuses, no recycling.
-            match pool.register(&uffd) {
-                Ok(()) => Some(pool),
-                Err(_) => {
-                    drop(pool);
-                    Some(Pool::new(opts.pool_max, huge, false).map_err(EngineError::Map)?)
-                }
+            if !opts.recycle || pool.register(&uffd).is_ok() {
+                Some(pool)
+            } else {
+                drop(pool);
+                Some(Pool::new(opts.pool_max, huge, false).map_err(EngineError::Map)?)
             }
         } else {
             None

@@ -46,8 +46,9 @@ use std::time::Instant;
 /// Pages the scrub zeroes and moves on in one step: one 2 MiB batch, one fence.
 pub(crate) const BATCH_PAGES: u64 = PMD_PAGES;
 
-/// Moves retried after an EAGAIN that moved nothing (an event pending: mmap_changing).
-const AGAIN_RETRIES: u32 = 8;
+/// Moves retried after an EAGAIN that moved nothing: an event is pending (mmap_changing), for
+/// the handler to read, which takes it microseconds; each retry yields the CPU first.
+pub(crate) const AGAIN_RETRIES: u32 = 64;
 
 /// Source pages a recycle call skips after EBUSY (pages shared with a forked child) before
 /// it leaves the rest of the range to `MADV_DONTNEED`.
@@ -184,7 +185,10 @@ impl DirtyRing {
                     Some(Errno(libc::EEXIST)) => d += 1,
                     // A hole in the source: nothing to move there.
                     Some(Errno(libc::ENOENT)) => got.consumed += 1,
-                    Some(Errno(libc::EAGAIN)) if again < AGAIN_RETRIES => again += 1,
+                    Some(Errno(libc::EAGAIN)) if again < AGAIN_RETRIES => {
+                        again += 1;
+                        std::thread::yield_now();
+                    }
                     Some(e) => {
                         got.refused = Some(e);
                         t += if self.unit > 1 && d > 0 { self.unit } else { d };
@@ -348,7 +352,7 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
                     if p.refused.is_some() || p.full {
                         done.discarded += PMD_PAGES - p.consumed;
                     }
-                    huge_open &= !p.full && p.refused.is_none();
+                    huge_open &= !p.full && p.refused.is_none_or(|e| e == Errno(libc::EAGAIN));
                 }
                 // Moving a huge page out in 4 KiB pieces would split it (most of a millisecond):
                 // it goes with the MADV_DONTNEED.
@@ -377,6 +381,11 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
                         busy += 1;
                         off += 1;
                         done.discarded += 1;
+                    }
+                    // Events kept coming (mmap_changing): this run goes with the discard.
+                    Some(Errno(libc::EAGAIN)) => {
+                        done.discarded += np - off;
+                        break;
                     }
                     Some(_) => small_open = false,
                     None if p.full => small_open = false,

@@ -265,7 +265,10 @@ fn move_zeroed(u: &Uffd, dst: usize, n: u64, src: usize, k: u64, huge: bool) -> 
             Some(Errno(libc::EEXIST)) if huge => d = (d + 1).next_multiple_of(PMD_PAGES),
             Some(Errno(libc::EEXIST)) => d += 1,
             Some(Errno(libc::ENOENT)) => s += 1,
-            Some(Errno(libc::EAGAIN)) if again < 8 => again += 1,
+            Some(Errno(libc::EAGAIN)) if again < crate::recycle::AGAIN_RETRIES => {
+                again += 1;
+                std::thread::yield_now();
+            }
             Some(_) => break,
         }
     }
