@@ -274,13 +274,13 @@ typedef int (*munlockall_fn)(void);
 enum {
     S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
-    S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_COUNT
+    S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_COUNT
 };
 static const char *const names[S_COUNT] = {
     "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
     "memalign", "valloc", "pvalloc", "malloc_usable_size", "mmap", "mmap64", "mremap", "madvise",
     "mlockall", "munlockall", "zerofault_map", "zerofault_unmap", "zerofault_active",
-    "zerofault_stats_json",
+    "zerofault_stats_json", "zerofault_recycle",
 };
 static void *nexts[S_COUNT]; /* atomic */
 static void *shim[S_COUNT];  /* the shim's definitions, set before state is READY */
@@ -624,6 +624,13 @@ EXPORT void *zerofault_map(size_t len) {
 
 EXPORT int zerofault_unmap(void *p, size_t len) {
     return (int)raw(SYS_munmap, (long)p, (long)((len + 4095) & ~(size_t)4095), 0, 0, 0, 0);
+}
+
+EXPORT int zerofault_recycle(void *p, size_t len) {
+    if (load_state() == READY)
+        return ((int (*)(void *, size_t))shim[S_RECYCLE])(p, len);
+    /* No engine: what recycling is without one. */
+    return NEXT(MADVISE, madvise_fn)(p, (len + 4095) & ~(size_t)4095, MADV_DONTNEED);
 }
 
 EXPORT int zerofault_active(void) {

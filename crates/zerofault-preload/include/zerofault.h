@@ -22,6 +22,12 @@ void *zerofault_map(size_t len);
 /* Unmaps memory from zerofault_map (same pointer and length). 0, or -1 with errno set. */
 int zerofault_unmap(void *addr, size_t len);
 
+/* Discards [addr, addr + len) like madvise(MADV_DONTNEED): it reads zero afterwards. The pages
+ * the engine installed there are not freed but kept in its pool, zeroed in the background and
+ * handed to the next fault anywhere in the process (faster than fresh memory). addr is page
+ * aligned; len is rounded up to pages. 0, or -1 with errno set (EINVAL, or madvise's own). */
+int zerofault_recycle(void *addr, size_t len);
+
 /* 1 when the engine serves faults in this process, 0 when the program runs on plain memory
  * (no userfaultfd, disabled, or the engine failed open). */
 int zerofault_active(void);

@@ -36,6 +36,37 @@ pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
     unsafe { libc::syscall(libc::SYS_munmap, p, len.next_multiple_of(PAGE_SIZE)) as c_int }
 }
 
+/// Discards `[p, p + len)` like `madvise(MADV_DONTNEED)` (it reads zero afterwards), keeping
+/// the pages the engine installed there for its pool: they come back zeroed to the next
+/// fault. Memory the engine does not serve, or with the engine off, is simply discarded.
+/// 0, or -1 with errno set (EINVAL for an unaligned range, or MADV_DONTNEED's own errno).
+///
+/// # Safety
+/// The caller owns the range and gives up its contents, as for `MADV_DONTNEED`.
+#[no_mangle]
+pub unsafe extern "C" fn zerofault_recycle(p: *mut c_void, len: size_t) -> c_int {
+    let addr = p as usize;
+    if addr % PAGE_SIZE != 0 {
+        state::set_errno(libc::EINVAL);
+        return -1;
+    }
+    let len = len.next_multiple_of(PAGE_SIZE);
+    let recycled = enter().and_then(|_g| {
+        let e = state::running().filter(|e| e.options().recycle && e.serves_any(addr, len))?;
+        let q = Quiet::new();
+        // SAFETY: the caller gives the range up (this function's contract).
+        let r = unsafe { e.recycle(p.cast(), len) };
+        drop(q);
+        Some(r)
+    });
+    match recycled {
+        Some(Ok(_)) => 0,
+        // SAFETY: the caller's range; MADV_DONTNEED's own result and errno, as without the
+        // engine (the recycle's own discard failed the same way, or a move was refused).
+        _ => unsafe { libc::syscall(libc::SYS_madvise, p, len, libc::MADV_DONTNEED) as c_int },
+    }
+}
+
 /// 1 when the engine serves faults in this process, 0 otherwise (not started yet, failed
 /// open, or off).
 #[no_mangle]
