@@ -352,7 +352,10 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
                     if p.refused.is_some() || p.full {
                         done.discarded += PMD_PAGES - p.consumed;
                     }
-                    huge_open &= !p.full && p.refused.is_none_or(|e| e == Errno(libc::EAGAIN));
+                    // A refusal is this huge page's (shared after a fork, a window still
+                    // being installed there): the next one may move. A full ring or a range
+                    // that moves nothing at all (EINVAL: mlocked, other protection) ends it.
+                    huge_open &= !p.full && p.refused != Some(Errno(libc::EINVAL));
                 }
                 // Moving a huge page out in 4 KiB pieces would split it (most of a millisecond):
                 // it goes with the MADV_DONTNEED.
