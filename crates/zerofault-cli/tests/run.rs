@@ -196,6 +196,31 @@ fn threads_and_signals_behave_as_without_the_shim() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Freed memory is recycled (free of arena blocks, munmap of whole served mappings) and the
+/// program sees what it sees natively: zero where memory is new, its bytes where it kept them,
+/// a forked child's copy intact.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn freed_memory_is_recycled_and_reads_as_natively() {
+    let dir = temp_dir("recycle");
+    let prog = cc("recycle", &dir, false);
+    let (plain, shim) = both(prog.to_str().unwrap(), &[], &dir);
+    assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stdout));
+    assert_same(&plain, &shim);
+    let err = String::from_utf8_lossy(&shim.stderr);
+    let count = |name: &str| -> u64 {
+        err.lines()
+            .find_map(|l| l.strip_prefix(&format!("zerofault: {name} ")))
+            .map_or(0, |v| v.trim().parse().unwrap())
+    };
+    // 6 frees, 6 whole munmaps of written mappings and 6 of read ones, the fork's free; not
+    // the hole.
+    assert!(count("recycle_calls") >= 12, "{err}");
+    assert!(count("pages_recycled") > 6 * 16384, "{err}");
+    assert!(count("recycle_discarded") > 0, "the fork's pages were discarded: {err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn the_c_api_maps_engine_memory_and_reads_stats() {

@@ -274,13 +274,13 @@ typedef int (*munlockall_fn)(void);
 enum {
     S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
-    S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_COUNT
+    S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP, S_COUNT
 };
 static const char *const names[S_COUNT] = {
     "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
     "memalign", "valloc", "pvalloc", "malloc_usable_size", "mmap", "mmap64", "mremap", "madvise",
     "mlockall", "munlockall", "zerofault_map", "zerofault_unmap", "zerofault_active",
-    "zerofault_stats_json", "zerofault_recycle",
+    "zerofault_stats_json", "zerofault_recycle", "munmap",
 };
 static void *nexts[S_COUNT]; /* atomic */
 static void *shim[S_COUNT];  /* the shim's definitions, set before state is READY */
@@ -569,6 +569,14 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 
 /* Memory the shim does not serve yet stays unserved when moved or grown: only a loaded shim
  * sees mremap. */
+/* munmap: the shim recycles the served pages first (where the call cannot fail); before the
+ * shim is loaded, and inside it, the system call itself. */
+EXPORT int munmap(void *addr, size_t len) {
+    if (!tls.in_hook && load_state() == READY)
+        return ((int (*)(void *, size_t))shim[S_MUNMAP])(addr, len);
+    return (int)raw(SYS_munmap, (long)addr, (long)len, 0, 0, 0, 0);
+}
+
 EXPORT void *mremap(void *old, size_t old_len, size_t new_len, int flags, ...) {
     va_list ap;
     va_start(ap, flags);

@@ -63,6 +63,46 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
     r
 }
 
+/// munmap(2). Served memory is recycled first ([`engine::Engine::recycle`]: its pages go to the
+/// pool instead of the kernel), but only where the munmap cannot fail afterwards: the range
+/// must begin and end on the borders of registered ranges whose neighbours are not
+/// registered, so both ends are VMA borders (registration splits VMAs, and a VMA never spans
+/// a registered and an unregistered page) and the munmap splits no VMA, which is where it could
+/// fail (ENOMEM at `vm.max_map_count`) with the pages already gone. Anything else is the system
+/// call alone. The result and errno are the system call's.
+///
+/// # Safety
+/// As munmap(2): the caller gives up the range.
+#[no_mangle]
+pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
+    recycle_before_unmap(addr as usize, len);
+    // SAFETY: the caller's arguments, passed on unchanged.
+    unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int }
+}
+
+/// See [`munmap`].
+fn recycle_before_unmap(addr: usize, len: usize) {
+    if addr % PAGE_SIZE != 0 || len == 0 {
+        return;
+    }
+    let Some(end) = addr.checked_add(len.next_multiple_of(PAGE_SIZE)) else {
+        return;
+    };
+    let Some(_g) = enter() else { return };
+    let Some(e) = state::running().filter(|e| e.options().recycle) else {
+        return;
+    };
+    let (Some((first, _)), Some((_, last))) = (e.range_of(addr), e.range_of(end - PAGE_SIZE)) else {
+        return;
+    };
+    if first != addr || last != end || e.serves(addr.wrapping_sub(PAGE_SIZE)) || e.serves(end) {
+        return;
+    }
+    let _q = Quiet::new();
+    // SAFETY: the caller unmaps the range right after: its contents are given up.
+    let _ = unsafe { e.recycle(addr as *mut u8, end - addr) };
+}
+
 /// mmap(2) as a system call: MAP_FAILED and errno on failure, like libc's.
 unsafe fn sys_mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd: c_int, off: off_t) -> *mut c_void {
     // SAFETY: the caller upholds mmap's contract.

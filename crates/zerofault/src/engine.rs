@@ -412,6 +412,17 @@ impl Engine {
         self.is_active() && self.shared.ranges.any(addr, addr.saturating_add(len))
     }
 
+    /// The registered range holding `addr`, as (start, end), while the engine serves.
+    pub fn range_of(&self, addr: usize) -> Option<(usize, usize)> {
+        if !self.is_active() {
+            return None;
+        }
+        self.shared
+            .ranges
+            .find(addr & !(PAGE_SIZE - 1))
+            .map(|r| (r.start, r.end()))
+    }
+
     /// Whether `addr` lies in memory the engine serves.
     pub fn serves(&self, addr: usize) -> bool {
         self.is_active() && self.shared.ranges.find(addr & !(PAGE_SIZE - 1)).is_some()
