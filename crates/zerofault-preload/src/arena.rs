@@ -454,6 +454,12 @@ impl Arena {
         }
     }
 
+    /// The live map, as (address, length): the shim unlocks it after the program's
+    /// `mlockall(MCL_CURRENT)` (it is the shim's bookkeeping, not the program's memory).
+    pub fn live_area(&self) -> (usize, usize) {
+        (self.live, self.live_len)
+    }
+
     /// Free pages, and pages lost to a full free list.
     pub fn free_pages(&self) -> (u64, u64) {
         self.free.with(|f| (f.free_pages(), f.leaked))

@@ -238,6 +238,8 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
             a.each_free(|addr, len| {
                 let _ = mman::munlock(addr, len);
             });
+            let (live, len) = a.live_area();
+            let _ = mman::munlock(live, len);
         }
     }
     if r == 0 && g.is_some() {

@@ -309,6 +309,13 @@ impl Shared {
         // SAFETY: the caller asked for the range to be discarded; what was moved out is a hole
         // already, and the rest goes as MADV_DONTNEED would take it.
         unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }?;
+        if mman::pt_reclaim() {
+            // Its whole PMDs hold no page table now: huge pages may go there again (else a
+            // PMD that once took 4 KiB pages would take them for good).
+            for r in self.ranges.overlapping(addr, end) {
+                r.pmds.clear_tables(addr.max(r.start), end.min(r.end()));
+            }
+        }
         Ok(done)
     }
 }

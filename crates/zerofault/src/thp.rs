@@ -34,8 +34,8 @@ pub(crate) const STAGE_REST: Duration = Duration::from_secs(1);
 pub(crate) struct PmdMap {
     /// The first PMD's index in the address space (`start / PMD_SIZE`).
     base: usize,
-    /// Set: the PMD may hold a page table. Never cleared: kernels with CONFIG_PT_RECLAIM free
-    /// an emptied table on MADV_DONTNEED, older ones keep it, and user space cannot tell.
+    /// Set: the PMD may hold a page table. Cleared only for whole PMDs a recycle emptied with
+    /// MADV_DONTNEED, on kernels that free an emptied table then (`mman::pt_reclaim`, probed).
     tables: PageMap,
     /// Set: the program asked for huge pages there.
     huge: PageMap,
@@ -97,6 +97,15 @@ impl PmdMap {
         if len > 0 {
             let (a, b) = (self.index(addr), self.index(addr + len - 1));
             self.tables.set(a, b - a + 1);
+        }
+    }
+
+    /// The whole PMDs of `[a, b)` hold no page table any more (their pages were discarded
+    /// whole on a kernel that frees emptied tables: see `tables`).
+    pub(crate) fn clear_tables(&self, a: usize, b: usize) {
+        let (a, b) = (a.next_multiple_of(PMD_SIZE), b / PMD_SIZE * PMD_SIZE);
+        if a < b {
+            self.tables.clear(self.index(a), ((b - a) / PMD_SIZE) as u64);
         }
     }
 

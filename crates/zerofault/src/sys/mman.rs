@@ -193,6 +193,44 @@ pub fn thp_available() -> bool {
     enabled && size
 }
 
+/// Whether `MADV_DONTNEED` of a whole PMD of 4 KiB pages frees its page table here (Linux
+/// 6.14+ with CONFIG_PT_RECLAIM), so that a huge page can be moved into that PMD whole again
+/// (into a PMD that keeps an empty table the kernel splits the huge page instead: correct,
+/// most of a millisecond). Probed once: 8 PMDs of fresh memory get one page each (a table
+/// each), are discarded whole, and the process's page-table bytes (`VmPTE`) must fall back by
+/// most of what they grew.
+pub(crate) fn pt_reclaim() -> bool {
+    static PROBED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PROBED.get_or_init(|| {
+        const PMDS: usize = 8;
+        let vm_pte = || -> Option<usize> {
+            let s = std::fs::read_to_string("/proc/self/status").ok()?;
+            let l = s.lines().find(|l| l.starts_with("VmPTE:"))?;
+            l.split_whitespace().nth(1)?.parse().ok()
+        };
+        let Ok(base) = map_aligned(PMDS * PMD_SIZE, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true) else {
+            return false;
+        };
+        // SAFETY: (all three blocks) our own fresh mapping, known to nobody else.
+        let _ = unsafe { madvise(base, PMDS * PMD_SIZE, MADV_NOHUGEPAGE) };
+        let before = vm_pte();
+        for i in 0..PMDS {
+            // SAFETY: as above; one write per PMD makes its page table.
+            unsafe { ((base + i * PMD_SIZE) as *mut u8).write_volatile(1) };
+        }
+        let grown = vm_pte();
+        // SAFETY: as above.
+        let _ = unsafe { madvise(base, PMDS * PMD_SIZE, MADV_DONTNEED) };
+        let after = vm_pte();
+        // SAFETY: as above.
+        let _ = unsafe { unmap(base, PMDS * PMD_SIZE) };
+        match (before, grown, after) {
+            (Some(b), Some(g), Some(a)) => g >= b + PMDS * 4 * 3 / 4 && a + PMDS * 4 * 3 / 4 <= g,
+            _ => false,
+        }
+    })
+}
+
 /// Whether the system's THP setting is `always`: then every anonymous mapping without
 /// `MADV_NOHUGEPAGE` gets huge pages at its faults.
 pub fn thp_always() -> bool {
