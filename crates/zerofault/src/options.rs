@@ -145,7 +145,7 @@ impl Kind for Millis {
 pub struct Method;
 impl Kind for Method {
     type Value = Option<crate::zeroing::ZeroMethod>;
-    const ACCEPTS: &'static str = "auto, kernel, stosb, nt or clzero (where the machine has it)";
+    const ACCEPTS: &'static str = "auto, kernel, stosb, nt, clzero or dsa (where the machine has it)";
     fn parse(s: &str) -> Option<Self::Value> {
         if s.eq_ignore_ascii_case("auto") {
             return Some(None);
@@ -351,8 +351,9 @@ options! {
     recycle: Bool = "on",
     /// How the scrub thread zeroes recycled pages that are not cache-hot: `kernel`
     /// (MADV_DONTNEED then MADV_POPULATE_WRITE), `stosb` (rep stosb), `nt` (non-temporal
-    /// AVX-512/AVX2/SSE2 stores), `clzero` (AMD CLZERO); `auto` measures those the machine
-    /// has on the first batches and keeps the fastest. Pages freed moments ago while the
+    /// AVX-512/AVX2/SSE2 stores), `clzero` (AMD CLZERO), `dsa` (Intel DSA memory fill through a
+    /// shared work queue; not run on hardware yet); `auto` measures those the machine has on
+    /// the first batches and keeps the fastest. Pages freed moments ago while the
     /// backlog fits in the last-level cache are zeroed with rep stosb whatever this says
     /// (their lines are cached).
     zero_method: Method = "auto",
@@ -554,7 +555,8 @@ mod tests {
         }
         assert_eq!(Method::parse("auto"), Some(None));
         assert_eq!(Method::parse("NT"), Some(Some(crate::zeroing::ZeroMethod::Nt)));
-        assert_eq!(Method::parse("dsa"), None, "not built");
+        assert_eq!(Method::parse("dsa"), Some(Some(crate::zeroing::ZeroMethod::Dsa)));
+        assert_eq!(Method::parse("warp"), None);
         assert_eq!(Method::show(&None), "auto");
     }
 

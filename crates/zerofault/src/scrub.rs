@@ -147,6 +147,7 @@ impl Zeroer {
                     ZeroMethod::Stosb => &stats.zero_mbps_stosb,
                     ZeroMethod::Nt => &stats.zero_mbps_nt,
                     ZeroMethod::Clzero => &stats.zero_mbps_clzero,
+                    ZeroMethod::Dsa => &stats.zero_mbps_dsa,
                 },
                 v,
             );
@@ -173,6 +174,7 @@ fn code(m: ZeroMethod) -> u64 {
         ZeroMethod::Stosb => 2,
         ZeroMethod::Nt => 3,
         ZeroMethod::Clzero => 4,
+        ZeroMethod::Dsa => 5,
     }
 }
 

@@ -115,7 +115,7 @@ counters! {
     /// Pages given back to the kernel because nobody took them within purge_delay: recycled
     /// pages that found the pool full, and pool pages above scrub_stop.
     pages_purged,
-    /// The method zeroing cold recycled pages: 1 kernel, 2 stosb, 3 nt, 4 clzero (0 until the
+    /// The method zeroing cold recycled pages: 1 kernel, 2 stosb, 3 nt, 4 clzero, 5 dsa (0 until the
     /// first batch; with zero_method=auto, the fastest measured).
     zero_method,
     /// zero_method=auto's measurement of `kernel` on this machine's cold recycled pages, MB/s.
@@ -126,6 +126,8 @@ counters! {
     zero_mbps_nt,
     /// The same for `clzero` (0 where the machine lacks it).
     zero_mbps_clzero,
+    /// The same for `dsa` (0 where the machine has no DSA work queue).
+    zero_mbps_dsa,
     /// Windows that found the pool empty (or short) and fell back to UFFDIO_COPY.
     pool_empty,
     /// Pages copied because the pool was empty.

@@ -1,6 +1,6 @@
 //! Zeroing methods (seeds 002/003): the ways the engine can zero memory it owns, behind one
-//! interface, for pages recycled from the program (issue 10; the scrub thread does not use
-//! them yet) and for `zerofault bench-zero`, which measures them on this machine.
+//! interface: the scrub thread zeroes recycled pages with them (`zero_method`), and
+//! `zerofault bench-zero` measures them on this machine.
 //!
 //! - `kernel`: `MADV_DONTNEED` then `MADV_POPULATE_WRITE`: the kernel frees the pages and
 //!   hands back zero-filled ones.
@@ -9,6 +9,8 @@
 //!   the caches, then one `sfence` per call: a call is a batch (a fence per page halves the
 //!   throughput, shared/notes/uffd-facts.md).
 //! - `clzero`: AMD's CLZERO, a cache line zeroed without reading it, then one `sfence`.
+//! - `dsa`: Intel DSA's memory fill through a shared work queue (`dsa.rs`), the rest of what
+//!   the device leaves finished with `nt`. Not run on hardware: tested against a fake queue.
 //!
 //! A method the machine lacks is refused with one line naming what is missing.
 
@@ -26,15 +28,18 @@ pub enum ZeroMethod {
     Nt,
     /// AMD CLZERO, one fence per call.
     Clzero,
+    /// Intel DSA memory fill through a shared work queue (`dsa.rs`; not run on hardware).
+    Dsa,
 }
 
 impl ZeroMethod {
     /// Every method, in the order tables show them.
-    pub const ALL: [ZeroMethod; 4] = [
+    pub const ALL: [ZeroMethod; 5] = [
         ZeroMethod::Kernel,
         ZeroMethod::Stosb,
         ZeroMethod::Nt,
         ZeroMethod::Clzero,
+        ZeroMethod::Dsa,
     ];
 
     /// The method's name, as `zero_method` will accept it.
@@ -44,6 +49,7 @@ impl ZeroMethod {
             ZeroMethod::Stosb => "stosb",
             ZeroMethod::Nt => "nt",
             ZeroMethod::Clzero => "clzero",
+            ZeroMethod::Dsa => "dsa",
         }
     }
 
@@ -59,6 +65,7 @@ impl ZeroMethod {
                 ZeroMethod::Nt => Ok("sse2"),
                 ZeroMethod::Clzero if has_clzero() => Ok("clzero"),
                 ZeroMethod::Clzero => Err("clzero needs the CLZERO instruction (AMD; CPUID 0x80000008 EBX bit 0)"),
+                ZeroMethod::Dsa => crate::dsa::queue().map(|_| "idxd shared work queue"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -67,6 +74,7 @@ impl ZeroMethod {
             m => Err(match m {
                 ZeroMethod::Stosb => "stosb needs x86-64",
                 ZeroMethod::Nt => "nt needs x86-64 (SSE2/AVX2/AVX-512 non-temporal stores)",
+                ZeroMethod::Dsa => "dsa needs x86-64 with Intel DSA",
                 _ => "clzero needs x86-64 with CLZERO (AMD)",
             }),
         }
@@ -97,6 +105,13 @@ impl ZeroMethod {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             ZeroMethod::Clzero => unsafe { x86::clzero(ptr, len) },
+            #[cfg(target_arch = "x86_64")]
+            ZeroMethod::Dsa => {
+                let q = crate::dsa::queue().map_err(io::Error::other)?;
+                // SAFETY: as above; what the device leaves is finished with non-temporal
+                // stores, on the caller's range too.
+                unsafe { crate::dsa::zero(q, ptr, len, &|p, n| x86::nt(p, n)) };
+            }
             #[cfg(not(target_arch = "x86_64"))]
             _ => return Err(io::Error::other(self.available().unwrap_err())),
         }

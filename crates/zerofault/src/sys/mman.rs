@@ -97,6 +97,28 @@ pub fn map_private(len: usize, noreserve: bool) -> io::Result<usize> {
     map_aligned(len, PAGE_SIZE, libc::PROT_READ | libc::PROT_WRITE, noreserve)
 }
 
+/// Maps the 4 KiB portal of a device work queue (`/dev/dsa/wqX.Y`) write-only and shared, for
+/// ENQCMD; the descriptor is closed again (the mapping keeps the queue).
+pub(crate) fn map_portal(path: &str) -> io::Result<usize> {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    // SAFETY: a new shared mapping of the device file; no existing memory is affected.
+    let r = unsafe {
+        raw::call(
+            libc::SYS_mmap,
+            [
+                0,
+                PAGE_SIZE,
+                raw::int_arg(libc::PROT_WRITE),
+                raw::int_arg(libc::MAP_SHARED | libc::MAP_POPULATE),
+                raw::int_arg(f.as_raw_fd()),
+                0,
+            ],
+        )
+    };
+    Ok(r?)
+}
+
 /// mprotect(2).
 ///
 /// # Safety
