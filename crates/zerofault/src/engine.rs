@@ -217,15 +217,7 @@ impl Engine {
         }
         let pool = if opts.pool && features.has(Features::MOVE) {
             let huge = opts.pool_thp && mman::thp_available();
-            let pool = Pool::new(opts.pool_max, huge, opts.recycle).map_err(EngineError::Map)?;
-            // Recycled pages move into the rings, which the kernel allows only into ranges
-            // registered with the userfaultfd. Where it refuses, no recycling.
-            if !opts.recycle || pool.register(&uffd).is_ok() {
-                Some(pool)
-            } else {
-                drop(pool);
-                Some(Pool::new(opts.pool_max, huge, false).map_err(EngineError::Map)?)
-            }
+            Some(Pool::new(opts.pool_max, huge, opts.recycle).map_err(EngineError::Map)?)
         } else {
             None
         };
@@ -238,13 +230,28 @@ impl Engine {
             }
             None => None,
         };
+        let zero = ZeroSource::new().map_err(EngineError::Map)?;
+        // Recycled pages move into the rings, which the kernel allows only into ranges
+        // registered with the userfaultfd. Registered last, when nothing can fail before the
+        // handler runs: a registered ring unmapped with the descriptor open and no handler
+        // would wait for ever for its UNMAP event to be read. Where registration is refused,
+        // the rings are unregistered again and there is no recycling.
+        let pool = match pool {
+            Some(p) if opts.recycle && p.register(&uffd).is_err() => {
+                p.unregister(&uffd);
+                drop(p);
+                let huge = opts.pool_thp && mman::thp_available();
+                Some(Pool::new(opts.pool_max, huge, false).map_err(EngineError::Map)?)
+            }
+            p => p,
+        };
         let shared = Arc::new(Shared {
             stage,
             uffd: RwLock::new(Some(uffd)),
             features,
             ranges: RangeTable::default(),
             pool,
-            zero: ZeroSource::new().map_err(EngineError::Map)?,
+            zero,
             stats,
             scrub: ScrubCtl::default(),
             stopping: AtomicBool::new(false),
@@ -492,9 +499,17 @@ impl Engine {
     /// does not fill them with locked zero pages. Until [`Engine::after_mlockall`] the handler
     /// copies instead of moving.
     pub fn before_mlockall(&self) {
+        // Between two steps of the scrub, which leaves protected rings alone (it writes the
+        // dirty ones).
+        let _work = self.shared.pool.as_ref().map(|p| {
+            let g = p.work.lock().unwrap_or_else(|e| e.into_inner());
+            p.protected.store(true, Release);
+            g
+        });
         for (a, l) in self.rw_reservations() {
             // SAFETY: the engine's own reservations; the handler copies instead of moving
-            // until after_mlockall (see above), so nothing reads them meanwhile.
+            // until after_mlockall (see above), and the scrub leaves them alone while they
+            // are protected, so nothing reads or writes them meanwhile.
             let _ = unsafe { mman::protect(a, l, libc::PROT_NONE) };
         }
     }
@@ -505,9 +520,17 @@ impl Engine {
         for (a, l) in self.own_mappings() {
             let _ = mman::munlock(a, l);
         }
+        let _work = self
+            .shared
+            .pool
+            .as_ref()
+            .map(|p| p.work.lock().unwrap_or_else(|e| e.into_inner()));
         for (a, l) in self.rw_reservations() {
             // SAFETY: the engine's own reservations, given their protection back.
             let _ = unsafe { mman::protect(a, l, libc::PROT_READ | libc::PROT_WRITE) };
+        }
+        if let Some(p) = &self.shared.pool {
+            p.protected.store(false, Release);
         }
     }
 

@@ -401,6 +401,14 @@ pub(crate) struct Pool {
     /// The small ring's share of `limit` ([`small_bytes`]), in pages: what the scrub's refill
     /// and the purge aim at for it; the huge ring's share is the rest.
     small_share: u64,
+    /// Held by the scrub for each step that touches ring memory (a dirty batch zeroed and
+    /// moved, a purge), and by whoever changes the rings under it ([`Pool::release_all`], the
+    /// protection around the program's mlockall), so that neither runs in the middle of the
+    /// other: a dirty batch released while the scrub zeroes it would be refilled by a
+    /// recycler and moved on unzeroed. Taken before a ring's own locks.
+    pub(crate) work: Mutex<()>,
+    /// The rings are `PROT_NONE` (the program's mlockall): the scrub leaves them alone.
+    pub(crate) protected: std::sync::atomic::AtomicBool,
 }
 
 impl Pool {
@@ -428,7 +436,25 @@ impl Pool {
             huge: huge_ring,
             limit: pages(bytes),
             small_share: if has_huge { pages(small) } else { pages(bytes) },
+            work: Mutex::new(()),
+            protected: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// The scrub's permission for one step (see [`Pool::work`]): `None` while the rings are
+    /// protected or `paused` says the pool is paused.
+    pub(crate) fn step(&self, paused: &std::sync::atomic::AtomicBool) -> Option<std::sync::MutexGuard<'_, ()>> {
+        let g = self.work.lock().unwrap_or_else(|e| e.into_inner());
+        (!self.protected.load(Acquire) && !paused.load(Acquire)).then_some(g)
+    }
+
+    /// Undoes [`Pool::register`] (every ring; unregistering a range that is not registered
+    /// is harmless): before the rings are unmapped while the descriptor is open with no
+    /// handler to read the UNMAP events their munmap would wait for.
+    pub(crate) fn unregister(&self, uffd: &Uffd) {
+        for (a, l) in self.areas() {
+            let _ = uffd.unregister(a, l);
+        }
     }
 
     /// The share of `limit` the scrub's refill and the purge aim at for `ring` (one of ours).
@@ -521,8 +547,9 @@ impl Pool {
         )
     }
 
-    /// Frees every pool page, clean and dirty.
+    /// Frees every pool page, clean and dirty, between two steps of the scrub.
     pub(crate) fn release_all(&self) {
+        let _work = self.work.lock().unwrap_or_else(|e| e.into_inner());
         self.small.release_all();
         if let Some(h) = &self.huge {
             h.release_all();

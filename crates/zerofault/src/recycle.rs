@@ -130,7 +130,6 @@ impl DirtyRing {
     }
 
     /// Whether slots hold whole huge pages.
-    #[cfg(test)]
     pub(crate) fn is_huge(&self) -> bool {
         self.unit > 1
     }
@@ -245,7 +244,8 @@ impl DirtyRing {
     }
 
     /// Gives every page back to the kernel and forgets them (the engine is going away, or the
-    /// pool is paused). Recyclers wait meanwhile; the scrub must not run.
+    /// pool is paused). Recyclers wait meanwhile; the caller holds the pool's work lock, which
+    /// keeps the scrub between two batches (`Pool::release_all`).
     pub(crate) fn release_all(&self) {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the ring's own memory; no recycler runs (the lock), and the caller keeps the

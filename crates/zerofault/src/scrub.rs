@@ -191,10 +191,16 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
         let (Some(dirty), Some(clean)) = (dirty, clean) else {
             continue;
         };
-        while let Some(b) = dirty.peek() {
+        loop {
             if stopping(shared) {
                 return worked;
             }
+            // One batch at a time under the pool's work lock, peeked under it: a release or
+            // the mlockall protection happens between batches, never inside one.
+            let Some(_step) = pool.step(&shared.pool_paused) else {
+                return worked;
+            };
+            let Some(b) = dirty.peek() else { break };
             let age = Duration::from_nanos(dirty.now().saturating_sub(b.stamp));
             let hot = z.is_hot(age, bytes(pool.dirty()));
             let method = if hot { ZeroMethod::Stosb } else { z.cold() };
@@ -236,6 +242,16 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
             if consumed == 0 && zeroed > 0 && filled.as_ref().is_ok_and(|f| *f == 0) {
                 // Nothing moved and nothing filled (a move refused): leave it to the purge.
                 break;
+            }
+            if dirty.is_huge() && consumed % PMD_PAGES != 0 {
+                // A huge page moved in part (a clean slot found holding pages part way): the
+                // dirty ring goes by whole slots, so the rest of this one is discarded.
+                let whole = consumed.next_multiple_of(PMD_PAGES);
+                // SAFETY: the rest of the scrub's own batch, zeroed already; discarded.
+                let _ =
+                    unsafe { mman::madvise(b.addr + bytes(consumed), bytes(whole - consumed), mman::MADV_DONTNEED) };
+                Stats::add(&stats.pages_purged, whole - consumed);
+                consumed = whole;
             }
             dirty.consume(consumed);
             Stats::add(&stats.pages_scrubbed, consumed);
@@ -295,6 +311,9 @@ struct Idle {
 fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     let stats = &*shared.stats;
     let delay = shared.opts.purge_delay;
+    let Some(_step) = pool.step(&shared.pool_paused) else {
+        return;
+    };
     for dirty in [pool.dirty_huge.as_ref(), pool.dirty_small.as_ref()]
         .into_iter()
         .flatten()

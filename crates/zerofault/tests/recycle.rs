@@ -178,3 +178,60 @@ fn recycled_pages_nobody_takes_go_back_to_the_kernel_after_the_purge_delay() {
     );
     assert!(s.pages_purged > 0, "{}", s.to_text());
 }
+
+/// The pool paused (the shim's mlockall(MCL_FUTURE)) and protected (around mlockall(MCL_CURRENT))
+/// over and over while one thread recycles secrets and another takes fresh pages: the scrub
+/// must never be inside a batch when the rings are released or made PROT_NONE (found by a
+/// review: a released batch refilled by a recycler went on unzeroed; a protected dirty ring
+/// faulted the scrub's zeroing).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn pausing_and_protecting_the_pool_while_the_scrub_works_hands_out_only_zero_pages() {
+    let e = std::sync::Arc::new(engine_with(&[
+        ("pool_max", "64M"),
+        ("scrub_start", "0"),
+        ("scrub_stop", "0"),
+    ]));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let recycler = {
+        let (e, stop) = (e.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut r = e.map(16 * MIB).unwrap();
+            let mut round = 0u8;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                fill_secret(&mut r, round);
+                r.recycle(0, 16 * MIB).unwrap();
+                round = round.wrapping_add(1);
+            }
+        })
+    };
+    let toggler = {
+        let (e, stop) = (e.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                e.pause_pool(true);
+                e.pause_pool(false);
+                std::thread::sleep(Duration::from_millis(1));
+                e.before_mlockall();
+                std::thread::yield_now();
+                e.after_mlockall();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        })
+    };
+    let t0 = Instant::now();
+    let mut bad = 0;
+    while t0.elapsed() < Duration::from_secs(3) {
+        let mut r = e.map(8 * MIB).unwrap();
+        for p in r.as_mut_slice().chunks_mut(PAGE_SIZE) {
+            p[0] = 1;
+            bad += usize::from(!is_zero(&p[1..]));
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    recycler.join().unwrap();
+    toggler.join().unwrap();
+    let s = e.stats();
+    assert_eq!(bad, 0, "pages handed out with a freed block's bytes\n{}", s.to_text());
+    assert!(s.pages_recycled > 0 && s.pages_scrubbed > 0, "{}", s.to_text());
+}
