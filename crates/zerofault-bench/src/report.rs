@@ -129,7 +129,11 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
         Suite {
             id: "loop",
             title: "Allocate, touch, free, ten times (seed 003's benchmark)",
-            about: "Each thread allocates its share, touches every page and frees it, ten times                     in a row. Natively each round is a fresh mmap freed with munmap; the engine                     recycles each round's pages (moved into the pool, zeroed by the scrub                     thread, moved back to the next round), and `engine:recycle=off` gives them                     back to the kernel as before recycling existed. User and system include                     the scrub thread's zeroing of the last round.",
+            about: "Each thread allocates its share, touches every page and frees it, ten times in a row. \
+                    Natively each round is a fresh mmap freed with munmap; the engine recycles each round's \
+                    pages (moved into the pool, zeroed by the scrub thread, moved back to the next round), \
+                    and `engine:recycle=off` gives them back to the kernel as before recycling existed. User \
+                    and system include the scrub thread's zeroing of the last round.",
             args: BenchArgs {
                 loops: 10,
                 modes: vec![
@@ -266,14 +270,16 @@ pub(crate) fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], 
     for (i, (suite, rows)) in done.iter().enumerate() {
         let a = &suite.args;
         s += &format!("## {}. {}\n\n{}\n\n", i + 1, suite.title, suite.about);
-        s += &format!(
-            "`zerofault bench --gb {} --reps {} --threads {} --cachelines {} --pattern {} --touch {} --mode {}`\n\n",
+        s +=
+            &format!(
+            "`zerofault bench --gb {} --reps {} --threads {} --cachelines {} --pattern {} --touch {}{} --mode {}`\n\n",
             gb_text(a.gb),
             a.reps,
             a.threads.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
             a.cachelines.iter().map(usize::to_string).collect::<Vec<_>>().join(","),
             a.pattern.name(),
             a.touch,
+            if a.loops > 1 { format!(" --loop {}", a.loops) } else { String::new() },
             a.modes.iter().map(Mode::name).collect::<Vec<_>>().join(",")
         );
         s += &format!("![{}]({}.png)\n\n", suite.title, suite.id);
