@@ -33,7 +33,13 @@ pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
     // SAFETY: the caller hands back a mapping it owns.
-    unsafe { libc::syscall(libc::SYS_munmap, p, len.next_multiple_of(PAGE_SIZE)) as c_int }
+    unsafe {
+        libc::syscall(
+            libc::SYS_munmap,
+            p,
+            len.checked_next_multiple_of(PAGE_SIZE).unwrap_or(len),
+        ) as c_int
+    }
 }
 
 /// Discards `[p, p + len)` like `madvise(MADV_DONTNEED)` (it reads zero afterwards), keeping
@@ -50,7 +56,8 @@ pub unsafe extern "C" fn zerofault_recycle(p: *mut c_void, len: size_t) -> c_int
         state::set_errno(libc::EINVAL);
         return -1;
     }
-    let len = len.next_multiple_of(PAGE_SIZE);
+    // A length past the address space: madvise's own EINVAL below, as natively.
+    let len = len.checked_next_multiple_of(PAGE_SIZE).unwrap_or(len);
     let recycled = enter().and_then(|_g| {
         let e = state::running().filter(|e| e.options().recycle && e.serves_any(addr, len))?;
         let q = Quiet::new();

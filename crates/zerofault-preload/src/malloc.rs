@@ -258,7 +258,11 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
 /// As C's: none beyond the C runtime's.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
-    if let Some(p) = large(size.next_multiple_of(PAGE_SIZE), PAGE_SIZE) {
+    // A size that cannot be rounded to pages goes to the next allocator, which refuses it.
+    if let Some(p) = size
+        .checked_next_multiple_of(PAGE_SIZE)
+        .and_then(|s| large(s, PAGE_SIZE))
+    {
         return p;
     }
     // SAFETY: the next allocator's pvalloc.

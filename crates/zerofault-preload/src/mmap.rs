@@ -85,7 +85,10 @@ fn recycle_before_unmap(addr: usize, len: usize) {
     if addr % PAGE_SIZE != 0 || len == 0 {
         return;
     }
-    let Some(end) = addr.checked_add(len.next_multiple_of(PAGE_SIZE)) else {
+    let Some(end) = len
+        .checked_next_multiple_of(PAGE_SIZE)
+        .and_then(|l| addr.checked_add(l))
+    else {
         return;
     };
     let Some(_g) = enter() else { return };

@@ -55,6 +55,7 @@ int main(void) {
     for (size_t i = 0; i < len; i += 512)
         if ((i < 16 * MIB || i >= 32 * MIB) && h[i] != 0x5a) { printf("hole: byte %zu lost\n", i); return 7; }
     if (munmap(h + 1, 4096) != -1) { printf("an unaligned munmap succeeded\n"); return 8; }
+    if (munmap(h, SIZE_MAX - 100) != -1) { printf("a munmap past the address space succeeded\n"); return 14; }
     munmap(h, 16 * MIB);
     munmap(h + 32 * MIB, len - 32 * MIB);
     printf("munmap of a hole: the rest kept\n");
