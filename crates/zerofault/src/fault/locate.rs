@@ -1,10 +1,12 @@
 //! Locating a fault: its range, whether its page is claimed already, its window, and the claim.
 
+use super::handler::EVENT_RETRIES;
 use super::{Handler, Kernel};
 use crate::page::{page_start, pages, pmd_start, PAGE_SIZE, PMD_PAGES};
 use crate::predict::Outcome;
 use crate::region::Range;
 use crate::stats::Stats;
+use crate::sys::raw::Errno;
 use std::sync::atomic::Ordering::Acquire;
 use std::sync::Arc;
 
@@ -24,11 +26,21 @@ impl<K: Kernel> Handler<'_, K> {
         let page_addr = page_start(addr);
         if page_addr == self.shared.doorbell {
             // Engine::drop rang: answer it, and stop. (Anyone else touching it, a debugger
-            // reading /proc/pid/mem, say, is answered and changes nothing.)
-            let p = self.k.zeropage(page_addr, PAGE_SIZE);
+            // reading /proc/pid/mem, say, is answered and changes nothing.) Stop only once the
+            // page is really there: a zero page refused with EAGAIN (an event pending: the
+            // scrub discarding a pool ring, a munmap of the program's) would wake a reader that
+            // faults again with no handler left to answer it (seen: Engine::drop hung in CI).
+            let mut p = self.k.zeropage(page_addr, PAGE_SIZE);
+            let mut retries = 0;
+            while p.errno == Some(Errno(libc::EAGAIN)) && retries < EVENT_RETRIES {
+                retries += 1;
+                self.drain_events();
+                p = self.k.zeropage(page_addr, PAGE_SIZE);
+            }
+            let mapped = matches!(p.errno, None | Some(Errno(libc::EEXIST)));
             self.note(p);
             self.wake(page_addr);
-            self.rung = self.shared.stopping.load(Acquire);
+            self.rung = mapped && self.shared.stopping.load(Acquire);
             return;
         }
         let stats = self.stats();

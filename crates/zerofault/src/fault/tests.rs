@@ -379,3 +379,26 @@ fn random_faults_hand_their_span_back_and_the_faulting_page_goes_with_it() {
     assert!(!k.present.borrow().contains(&page(10_100)));
     assert_eq!(s.stats.snapshot().handbacks, 1);
 }
+
+#[test]
+fn the_doorbell_stops_the_handler_only_once_its_page_is_in() {
+    // Engine::drop reads the doorbell and waits: the handler stops after answering it. A zero
+    // page refused with EAGAIN (an event pending) is retried after draining events; refused
+    // for good, the handler does not stop, so the woken reader's next fault is answered.
+    for (fails, always, rung) in [(2, None, true), (0, Some(libc::EAGAIN), false)] {
+        let mut s = state(false, 64, 0, 0);
+        s.doorbell = page(1000);
+        s.stopping.store(true, Relaxed);
+        let k = Fake::new();
+        k.fail
+            .borrow_mut()
+            .extend(std::iter::repeat_n(Errno(libc::EAGAIN), fails));
+        k.always.set(always.map(Errno));
+        let mut h = Handler::new(&s, &k);
+        h.fault(page(1000), false, 1);
+        assert_eq!(h.rung, rung, "fails {fails}, always {always:?}");
+        assert!(k.wakes.borrow().contains(&page(1000)), "the reader is woken either way");
+        let zeropages = k.calls().iter().filter(|c| c.0 == Verb::Zeropage).count();
+        assert_eq!(zeropages, if rung { 3 } else { 1 + 8 }, "retried after draining events");
+    }
+}
