@@ -213,26 +213,32 @@ pub(crate) struct Ring {
     fill_lock: Mutex<()>,
 }
 
+/// Reserves a ring's area, clean or dirty: `bytes` rounded up to 2 MiB, 2 MiB aligned,
+/// `MADV_HUGEPAGE` when `huge` (else `MADV_NOHUGEPAGE`) and `MADV_DONTFORK` (a forked child has
+/// no use for the pool). Nothing is populated. Returns (address, length).
+pub(crate) fn map_ring(bytes: usize, huge: bool) -> io::Result<(usize, usize)> {
+    let len = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
+    let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true)?;
+    let thp = if huge {
+        mman::MADV_HUGEPAGE
+    } else {
+        mman::MADV_NOHUGEPAGE
+    };
+    // SAFETY: a fresh mapping of ours, known to nobody yet: advice changes no content.
+    let advise = unsafe { mman::madvise(base, len, thp).and_then(|_| mman::madvise(base, len, mman::MADV_DONTFORK)) };
+    if let Err(e) = advise {
+        // SAFETY: as above.
+        let _ = unsafe { mman::unmap(base, len) };
+        return Err(e);
+    }
+    Ok((base, len))
+}
+
 impl Ring {
     /// Reserves `bytes` (rounded up to 2 MiB) of address space; nothing is populated yet.
     /// `huge`: populated as transparent huge pages and handed out in whole chunks.
     pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<Ring> {
-        let len = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
-        let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true)?;
-        let thp = if huge {
-            mman::MADV_HUGEPAGE
-        } else {
-            mman::MADV_NOHUGEPAGE
-        };
-        // SAFETY: the ring's fresh mapping, known to nobody yet: advice changes no content,
-        // and a forked child has no use for the pool.
-        let advise =
-            unsafe { mman::madvise(base, len, thp).and_then(|_| mman::madvise(base, len, mman::MADV_DONTFORK)) };
-        if let Err(e) = advise {
-            // SAFETY: as above.
-            let _ = unsafe { mman::unmap(base, len) };
-            return Err(e);
-        }
+        let (base, len) = map_ring(bytes, huge)?;
         Ok(Ring {
             base,
             index: RingIndex::new(pages(len), if huge { CHUNK_PAGES } else { 1 }),

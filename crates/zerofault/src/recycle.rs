@@ -94,23 +94,8 @@ pub(crate) struct DirtyRing {
 impl DirtyRing {
     /// Reserves `bytes` (rounded up to 2 MiB) of address space for recycled pages; `huge`:
     /// whole huge pages, one per 2 MiB slot.
-    pub(crate) fn new(bytes_: usize, huge: bool) -> io::Result<DirtyRing> {
-        let len = bytes_.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
-        let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true)?;
-        let thp = if huge {
-            mman::MADV_HUGEPAGE
-        } else {
-            mman::MADV_NOHUGEPAGE
-        };
-        // SAFETY: our fresh mapping, known to nobody yet: advice changes no content, and a
-        // forked child has no use for it.
-        let advise =
-            unsafe { mman::madvise(base, len, thp).and_then(|_| mman::madvise(base, len, mman::MADV_DONTFORK)) };
-        if let Err(e) = advise {
-            // SAFETY: as above.
-            let _ = unsafe { mman::unmap(base, len) };
-            return Err(e);
-        }
+    pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<DirtyRing> {
+        let (base, len) = crate::pool::map_ring(bytes, huge)?;
         let n = pages(len);
         Ok(DirtyRing {
             base,
