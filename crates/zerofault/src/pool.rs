@@ -415,6 +415,10 @@ pub(crate) struct Pool {
     pub(crate) work: Mutex<()>,
     /// The rings are `PROT_NONE` (the program's mlockall): the scrub leaves them alone.
     pub(crate) protected: std::sync::atomic::AtomicBool,
+    /// Huge pages the handler wanted from the huge ring and found it empty for, not yet made
+    /// up by the scrub (capped at the huge ring's share): the demand that lets the scrub
+    /// trade recycled 4 KiB pages for huge ones (`scrub.rs`, step 1).
+    huge_missed: AtomicU64,
 }
 
 impl Pool {
@@ -444,6 +448,7 @@ impl Pool {
             small_share: if has_huge { pages(small) } else { pages(bytes) },
             work: Mutex::new(()),
             protected: std::sync::atomic::AtomicBool::new(false),
+            huge_missed: AtomicU64::new(0),
         })
     }
 
@@ -497,6 +502,38 @@ impl Pool {
     /// Whether freed pages can come back through this pool.
     pub(crate) fn recycles(&self) -> bool {
         self.dirty_small.is_some()
+    }
+
+    /// The handler found the huge ring empty for `n` huge pages it wanted.
+    pub(crate) fn note_huge_missed(&self, n: u64) {
+        let cap = (self.limit - self.small_share) / CHUNK_PAGES;
+        let _ = self
+            .huge_missed
+            .fetch_update(Relaxed, Relaxed, |m| Some(m.saturating_add(n).min(cap)));
+    }
+
+    /// Takes one unit of the huge-page demand [`Pool::note_huge_missed`] counted: whether
+    /// there was any.
+    pub(crate) fn take_huge_missed(&self) -> bool {
+        self.huge_missed
+            .fetch_update(Relaxed, Relaxed, |m| m.checked_sub(1))
+            .is_ok()
+    }
+
+    /// Forgets the huge-page demand (the scrub could not make huge pages).
+    pub(crate) fn clear_huge_missed(&self) {
+        self.huge_missed.store(0, Relaxed);
+    }
+
+    /// Whether a dirty 4 KiB batch is better traded for a huge page than zeroed into the small
+    /// ring: the handler went without huge pages, the huge ring is below its share, and the
+    /// small ring holds its share already, and `margin` pages more (one largest window: a
+    /// window's edges are 4 KiB pages beyond a quarter of it).
+    pub(crate) fn wants_trade(&self, margin: u64) -> bool {
+        let Some(huge) = &self.huge else { return false };
+        self.huge_missed.load(Relaxed) > 0
+            && huge.available() + CHUNK_PAGES <= self.share(huge)
+            && self.small.available() >= self.small_share + margin
     }
 
     /// Recycled pages waiting to be zeroed.

@@ -29,7 +29,7 @@
 
 use crate::page::{bytes, pages, PMD_PAGES};
 use crate::pool::Pool;
-use crate::recycle::DirtyRing;
+use crate::recycle::{DirtyRing, BATCH_PAGES};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman;
 use crate::sys::raw::Errno;
@@ -201,6 +201,14 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
                 return worked;
             };
             let Some(b) = dirty.peek() else { break };
+            if !dirty.is_huge()
+                && b.pages == BATCH_PAGES
+                && pool.wants_trade(1 << shared.opts.max_order)
+                && trade(shared, pool, dirty, b.addr)
+            {
+                worked = true;
+                continue;
+            }
             let age = Duration::from_nanos(dirty.now().saturating_sub(b.stamp));
             let hot = z.is_hot(age, bytes(pool.dirty()));
             let method = if hot { ZeroMethod::Stosb } else { z.cold() };
@@ -262,6 +270,27 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
         }
     }
     worked
+}
+
+/// Trades the whole dirty 4 KiB batch at `addr` for a huge page (see [`Pool::wants_trade`]):
+/// populates one huge chunk into the huge ring, then gives the batch back to the kernel.
+/// Returns false, having changed nothing, when no huge chunk could be populated (the demand
+/// is then forgotten: the batch is zeroed as usual).
+fn trade(shared: &Shared, pool: &Pool, dirty: &DirtyRing, addr: usize) -> bool {
+    let Some(huge) = pool.huge.as_ref() else { return false };
+    match huge.fill_step(PMD_PAGES, &shared.stats) {
+        Ok(n) if n > 0 => {
+            pool.take_huge_missed();
+            purge_batch(dirty, addr, BATCH_PAGES);
+            Stats::add(&shared.stats.pages_purged, BATCH_PAGES);
+            Stats::add(&shared.stats.huge_traded, 1);
+            true
+        }
+        _ => {
+            pool.clear_huge_missed();
+            false
+        }
+    }
 }
 
 /// Moves `k` zeroed pages from `src` into the `n` free clean slots at `dst`: (slots filled,
@@ -397,10 +426,39 @@ pub(crate) fn run(shared: Arc<Shared>) {
     Stats::add(&shared.stats.scrub_cpu_ns, nanos(now.saturating_sub(counted)));
 }
 
+/// How long the fault handler must have read no fault for the program to count as quiet.
+const QUIET: Duration = Duration::from_millis(1);
+
+/// Waits, before a refill step, while the program is faulting (a fault read within [`QUIET`])
+/// and the pool still holds more than `reserve` pages (one largest window): populating then
+/// competes with the faulting program for the CPU and the memory bus (measured with the
+/// shim's burst program: a burst that overlapped refills took 2-3 ms longer, of 2), and a
+/// program that frees what it touched brings the pages back anyway. Returns false when the
+/// engine is stopping.
+fn wait_for_quiet(shared: &Shared, pool: &Pool, reserve: u64) -> bool {
+    loop {
+        if stopping(shared) {
+            return false;
+        }
+        if pool.available() <= reserve {
+            return true;
+        }
+        let seen = shared.stats.fault_events.load(Relaxed);
+        std::thread::sleep(QUIET);
+        if shared.stats.fault_events.load(Relaxed) == seen {
+            return true;
+        }
+    }
+}
+
 /// Step 2 of a round: populates until the pool, with the dirty pages on their way, holds
 /// `stop` pages.
 fn refill(shared: &Shared, pool: &Pool, stop: u64) {
+    let reserve = 1u64 << shared.opts.max_order;
     while !stopping(shared) && pool.available() + pool.dirty() < stop {
+        if !wait_for_quiet(shared, pool, reserve) {
+            break;
+        }
         if !load_allows(shared.opts.scrub_load) {
             Stats::add(&shared.stats.scrub_load_skips, 1);
             break;

@@ -115,6 +115,11 @@ counters! {
     /// Pages given back to the kernel because nobody took them within purge_delay: recycled
     /// pages that found the pool full, and pool pages above scrub_stop.
     pages_purged,
+    /// Dirty 2 MiB batches of recycled 4 KiB pages traded for a huge page: given back to the
+    /// kernel (counted in pages_purged too) and a huge page populated into the huge ring
+    /// instead, because the handler had found that ring empty and the small ring was full
+    /// enough.
+    huge_traded,
     /// The method zeroing cold recycled pages: 1 kernel, 2 stosb, 3 nt, 4 clzero, 5 dsa (0 until the
     /// first batch; with zero_method=auto, the fastest measured).
     zero_method,
@@ -154,8 +159,9 @@ counters! {
     pages_forgotten,
     /// Installs retried after reading pending events (EAGAIN from mmap_changing).
     drained_for_events,
-    /// Windows refused whole because they ran past the end of the mapping, then installed in
-    /// pieces that fit (memory committed piece by piece with mprotect).
+    /// Windows refused whole because they ran past the end of the mapping (or into its
+    /// PROT_NONE neighbour), then installed in pieces that fit (memory committed piece by
+    /// piece with mprotect).
     windows_clipped,
     /// Times the handler failed open on an errno no install expects (then the kernel serves
     /// every fault).

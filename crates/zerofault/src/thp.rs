@@ -180,12 +180,17 @@ impl<K: Kernel> Handler<'_, K> {
             Err(s) => return self.huge_fallback(dst, len, s.at, range),
         };
         Stats::add(&self.stats().huge_moves, (off / PMD_SIZE) as u64);
+        // Tell the scrub what the ring lacked: it may trade recycled 4 KiB pages for huge ones.
+        pool.note_huge_missed(((len - off) / PMD_SIZE) as u64);
         // The ring ran dry: prepare each remaining huge page here, as the kernel's own THP
         // fault would, while the scrub refills the ring on the other CPU.
         while off < len {
             let advised = range.pmds.wants_huge(dst + off);
             if let Err(s) = self.make_huge(dst + off, advised) {
-                return self.huge_fallback(dst, len, off + s.at, range);
+                // The huge pages before `off` went in whole: their PMDs hold no table.
+                return self
+                    .huge_fallback(dst + off, len - off, s.at, range)
+                    .map_err(|s| s.offset(off));
             }
             off += PMD_SIZE;
         }

@@ -105,6 +105,11 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) stage_rests_until: Option<Instant>,
     /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
     pub(crate) pieces: Vec<(usize, usize, bool)>,
+    /// The page of the fault being served: an install never refuses the span holding it.
+    pub(crate) fault_page: usize,
+    /// The accessible mappings around a recent faulting page, `[lo, hi)` (see
+    /// `Handler::mapping_end`); forgotten on every event.
+    pub(crate) mapping: Option<(usize, usize)>,
     /// Per (range, thread).
     pub(crate) predictors: HashMap<(u64, u32), Predictor>,
     /// Scratch for the runs a window's claim returns.
@@ -142,6 +147,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
             partials: 0,
             stage_rests_until: None,
             pieces: Vec::new(),
+            fault_page: 0,
+            mapping: None,
             predictors: HashMap::new(),
             runs: Vec::new(),
             deferred: VecDeque::new(),
@@ -194,6 +201,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
         let seq = self.seq;
         let stats = self.stats();
+        if !matches!(m, Msg::PageFault { .. }) {
+            self.mapping = None;
+        }
         match m {
             Msg::PageFault { addr, write, tid } => self.fault(addr, write, tid),
             Msg::Remove { start, end } => {

@@ -19,6 +19,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// claim won (last first), releases what did not go in, and wakes the fault if no install
     /// covered it.
     pub(crate) fn install_window(&mut self, range: &Range, page_addr: usize, w: Located) {
+        self.fault_page = page_addr;
         let mut runs = std::mem::take(&mut self.runs);
         runs.clear();
         range.map.claim(w.first, w.end - w.first, &mut runs);
@@ -101,6 +102,7 @@ impl<K: Kernel> Handler<'_, K> {
 
     /// Serves one page outside the window logic (already-claimed or unknown pages) and wakes it.
     pub(crate) fn install_one(&mut self, page_addr: usize, write: bool) {
+        self.fault_page = page_addr;
         let filled = if write {
             self.install_write(page_addr, PAGE_SIZE, None)
         } else {
@@ -123,6 +125,20 @@ impl<K: Kernel> Handler<'_, K> {
             );
         }
         self.wake(page_addr);
+    }
+
+    /// Where the accessible memory around the faulting page ends: the end of the run of
+    /// mappings that are not `PROT_NONE` from the one holding it (`usize::MAX` if unknown).
+    /// Read from /proc/self/maps once and kept until a page falls outside it or an event
+    /// (munmap, mremap, a discard) may have changed the mappings; an `mprotect` makes no
+    /// event, so a kept end can be stale until then.
+    fn mapping_end(&mut self) -> usize {
+        let a = self.fault_page;
+        if let Some((_, hi)) = self.mapping.filter(|&(lo, hi)| lo <= a && a < hi) {
+            return hi;
+        }
+        self.mapping = self.k.mapping_of(a);
+        self.mapping.map_or(usize::MAX, |(_, hi)| hi)
     }
 
     /// The loop every install shares: calls `op(offset, len)` until `len` bytes are done,
@@ -234,6 +250,16 @@ impl<K: Kernel> Handler<'_, K> {
         let Err(s) = moved else { return Ok(()) };
         if s.why == Stop::RingEmpty {
             Stats::add(&self.stats().pool_empty, 1);
+        }
+        // Copying succeeds where moving is refused: in a PROT_NONE mapping past the memory the
+        // program committed, too (an arena's or a JVM heap's reserve), which must get no page.
+        // A span beyond the faulting page's mapping is refused instead, as the kernel refuses
+        // one that crosses a mapping's end: the window is clipped there.
+        if !(dst..dst + len).contains(&self.fault_page) && dst + s.at >= self.mapping_end() {
+            return Err(Stopped {
+                at: s.at,
+                why: Stop::Kernel(Errno(libc::ENOENT)),
+            });
         }
         self.fill_copy(dst + s.at, len - s.at, Some(s.why))
             .map_err(|c| c.offset(s.at))

@@ -65,6 +65,9 @@ pub(crate) trait Kernel {
     fn unregister(&self, addr: usize, len: usize) -> Result<(), Errno>;
     /// Reads the pending messages that fit in `out` without blocking; 0 when none is pending.
     fn read(&self, out: &mut [Msg]) -> Result<usize, Errno>;
+    /// The run of accessible (not `PROT_NONE`) mappings holding `addr`, as `[lo, hi)`; `None`
+    /// if `addr` is in none.
+    fn mapping_of(&self, addr: usize) -> Option<(usize, usize)>;
 }
 
 impl Kernel for Uffd {
@@ -88,6 +91,10 @@ impl Kernel for Uffd {
 
     fn unregister(&self, addr: usize, len: usize) -> Result<(), Errno> {
         Uffd::unregister(self, addr, len)
+    }
+
+    fn mapping_of(&self, addr: usize) -> Option<(usize, usize)> {
+        crate::sys::mman::accessible_around(addr)
     }
 
     fn read(&self, out: &mut [Msg]) -> Result<usize, Errno> {

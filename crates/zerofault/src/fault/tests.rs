@@ -28,6 +28,10 @@ struct Fake {
     present: RefCell<BTreeSet<usize>>,
     /// The mapping's end: a span that crosses it is refused whole (ENOENT, EINVAL for a move).
     end: Cell<usize>,
+    /// A PROT_NONE mapping `[a, b)`: moves into it are refused (EINVAL: its flags differ from
+    /// the ring's), copies inside it succeed, as the kernel does; a copy crossing its border
+    /// crosses a mapping's end (ENOENT).
+    none: Cell<(usize, usize)>,
     /// Errors for the next install calls, one each, then `always`.
     fail: RefCell<VecDeque<Errno>>,
     always: Cell<Option<Errno>>,
@@ -62,6 +66,15 @@ impl Fake {
         }
         if dst + len > self.end.get() {
             return fail(if verb == Verb::Move { libc::EINVAL } else { libc::ENOENT });
+        }
+        let (a, b) = self.none.get();
+        if dst < b && dst + len > a {
+            if verb == Verb::Move {
+                return fail(libc::EINVAL);
+            }
+            if dst < a || dst + len > b {
+                return fail(libc::ENOENT);
+            }
         }
         let mut present = self.present.borrow_mut();
         for (i, page) in (dst..dst + len).step_by(PAGE_SIZE).enumerate() {
@@ -108,6 +121,14 @@ impl Kernel for Fake {
     fn unregister(&self, addr: usize, len: usize) -> Result<(), Errno> {
         self.unregistered.borrow_mut().push((addr, len));
         Ok(())
+    }
+    fn mapping_of(&self, addr: usize) -> Option<(usize, usize)> {
+        let (a, b) = self.none.get();
+        match () {
+            _ if (a..b).contains(&addr) => None,
+            _ if addr < a => Some((0, a)),
+            _ => Some((b, usize::MAX)),
+        }
     }
     fn read(&self, out: &mut [Msg]) -> Result<usize, Errno> {
         let mut pending = self.pending.borrow_mut();
@@ -243,6 +264,44 @@ fn a_window_past_the_end_of_its_mapping_goes_in_up_to_the_end_and_no_further() {
 }
 
 #[test]
+fn a_window_running_into_prot_none_memory_puts_no_page_there() {
+    // Pages 0..10 committed, the rest of the range PROT_NONE (an arena's or a JVM heap's
+    // reserve): a copy would succeed there, so nothing may fall back to copying.
+    let s = state(true, 4096, 256, 0);
+    let k = Fake::new();
+    k.none.set((page(10), page(4096)));
+    Handler::new(&s, &k).fault(page(0), true, 1);
+    let present: Vec<usize> = k.present.borrow().iter().copied().collect();
+    assert_eq!(present, (0..10).map(page).collect::<Vec<_>>());
+    assert!(k.woken(page(0)));
+    assert!(
+        k.calls().iter().all(|c| c.0 == Verb::Move || c.1 < page(10)),
+        "no copy is tried in the reserve: {:?}",
+        k.calls()
+    );
+    assert_eq!(s.ranges.find(BASE).unwrap().map.count(), 10);
+    assert_eq!(s.stats.snapshot().pages_copied, 0);
+    // The same with an empty pool: copies up to the reserve and none in it.
+    let s = state(true, 4096, 0, 0);
+    let k = Fake::new();
+    k.none.set((page(10), page(4096)));
+    Handler::new(&s, &k).fault(page(0), true, 1);
+    let present: Vec<usize> = k.present.borrow().iter().copied().collect();
+    assert_eq!(present, (0..10).map(page).collect::<Vec<_>>());
+    assert_eq!(s.stats.snapshot().pages_copied, 10);
+    // Where the move is refused for another reason (an mlocked range), copying goes on.
+    let s = state(true, 4096, 256, 0);
+    let k = Fake::new();
+    k.always.set(Some(Errno(libc::EINVAL)));
+    let mut h = Handler::new(&s, &k);
+    k.always.set(None);
+    k.fail.borrow_mut().push_back(Errno(libc::EINVAL));
+    h.fault(page(0), true, 1);
+    assert_eq!(k.calls()[1], (Verb::Copy, page(0), bytes(16)));
+    assert_eq!(s.stats.snapshot().copy_move_refused, 16);
+}
+
+#[test]
 fn mappings_that_keep_changing_end_the_install_and_the_thread_is_woken() {
     let s = state(true, 4096, 64, 0);
     let k = Fake::new();
@@ -341,6 +400,26 @@ fn an_empty_huge_ring_makes_the_huge_page_in_the_staging_area() {
     h.install_write(BASE, PMD_SIZE, Some(&r)).unwrap();
     assert_eq!(k.calls(), [(Verb::Move, BASE, PMD_SIZE)]);
     assert_eq!(s.stats.snapshot().huge_made, 1);
+}
+
+#[test]
+fn huge_pages_moved_before_a_failed_one_keep_their_pmds_clear() {
+    // One huge page in the ring, no staging possible (it rests): the first PMD gets the ring's
+    // huge page, the second falls back to small pages and only it is marked.
+    let s = state(true, 4096, 1024, 1);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.stage_rests_until = Some(std::time::Instant::now() + std::time::Duration::from_secs(60));
+    let r = s.ranges.find(BASE).unwrap();
+    h.install_write(BASE, 2 * PMD_SIZE, Some(&r)).unwrap();
+    assert_eq!(k.present.borrow().len(), 1024);
+    assert!(!r.pmds.has_table(BASE), "the huge page's PMD holds no table");
+    assert!(r.pmds.has_table(BASE + PMD_SIZE));
+    let st = s.stats.snapshot();
+    assert_eq!((st.huge_moves, st.huge_fallbacks), (1, 1));
+    // The ring lacked one huge page: the scrub is told.
+    assert!(s.pool.as_ref().unwrap().take_huge_missed());
+    assert!(!s.pool.as_ref().unwrap().take_huge_missed());
 }
 
 #[test]

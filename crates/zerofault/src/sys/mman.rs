@@ -288,6 +288,31 @@ pub fn anon_huge_bytes(addr: usize, len: usize) -> usize {
     kb << 10
 }
 
+/// The run of contiguous mappings that are not `PROT_NONE` holding `addr`, as `[lo, hi)`
+/// (`None` if `addr` is unmapped or `PROT_NONE`). Reads /proc/self/maps: not for hot paths.
+pub(crate) fn accessible_around(addr: usize) -> Option<(usize, usize)> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let parse = |x: &str| usize::from_str_radix(x, 16).ok();
+    let mut run: Option<(usize, usize)> = None;
+    for l in maps.lines() {
+        let mut f = l.split(' ');
+        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
+            continue;
+        };
+        let Some((a, b)) = range.split_once('-').and_then(|(a, b)| Some((parse(a)?, parse(b)?))) else {
+            continue;
+        };
+        let open = !perms.starts_with("---");
+        run = match run {
+            Some((lo, hi)) if open && a == hi => Some((lo, b)),
+            Some((lo, hi)) if lo <= addr && addr < hi => return Some((lo, hi)),
+            _ if open => Some((a, b)),
+            _ => None,
+        };
+    }
+    run.filter(|&(lo, hi)| lo <= addr && addr < hi)
+}
+
 /// An owned anonymous private mapping, unmapped on drop: plain kernel-served memory, for
 /// baselines and for callers that need memory the engine does not serve.
 #[derive(Debug)]
