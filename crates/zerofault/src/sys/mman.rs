@@ -274,13 +274,7 @@ pub fn anon_huge_bytes(addr: usize, len: usize) -> usize {
     let mut kb = 0;
     for l in smaps.lines() {
         if !l.starts_with(|c: char| c.is_ascii_uppercase()) {
-            // A VMA's header: "start-end perms ...".
-            let range = l.split(' ').next().and_then(|r| r.split_once('-'));
-            let parse = |x: &str| usize::from_str_radix(x, 16).ok();
-            inside = match range {
-                Some((a, b)) => matches!((parse(a), parse(b)), (Some(a), Some(b)) if a < addr + len && b > addr),
-                None => false,
-            };
+            inside = vma_header(l).is_some_and(|(a, b, _)| a < addr + len && b > addr);
         } else if let Some(v) = l.strip_prefix("AnonHugePages:").filter(|_| inside) {
             kb += v.trim().trim_end_matches("kB").trim().parse::<usize>().unwrap_or(0);
         }
@@ -288,20 +282,22 @@ pub fn anon_huge_bytes(addr: usize, len: usize) -> usize {
     kb << 10
 }
 
+/// A mapping's line of /proc/self/maps (or header line of smaps), "start-end perms ...", as
+/// (start, end, perms).
+fn vma_header(l: &str) -> Option<(usize, usize, &str)> {
+    let mut f = l.split(' ');
+    let (a, b) = f.next()?.split_once('-')?;
+    let parse = |x: &str| usize::from_str_radix(x, 16).ok();
+    Some((parse(a)?, parse(b)?, f.next()?))
+}
+
 /// The run of contiguous mappings that are not `PROT_NONE` holding `addr`, as `[lo, hi)`
 /// (`None` if `addr` is unmapped or `PROT_NONE`). Reads /proc/self/maps: not for hot paths.
 pub(crate) fn accessible_around(addr: usize) -> Option<(usize, usize)> {
     let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
-    let parse = |x: &str| usize::from_str_radix(x, 16).ok();
     let mut run: Option<(usize, usize)> = None;
     for l in maps.lines() {
-        let mut f = l.split(' ');
-        let (Some(range), Some(perms)) = (f.next(), f.next()) else {
-            continue;
-        };
-        let Some((a, b)) = range.split_once('-').and_then(|(a, b)| Some((parse(a)?, parse(b)?))) else {
-            continue;
-        };
+        let Some((a, b, perms)) = vma_header(l) else { continue };
         let open = !perms.starts_with("---");
         run = match run {
             Some((lo, hi)) if open && a == hi => Some((lo, b)),
