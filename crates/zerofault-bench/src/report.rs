@@ -1,6 +1,7 @@
 //! `zerofault report`: the headline suite in one command. Sequential first touch over threads
 //! 1..ncpu and cache lines 1..64, random first touch (dense and sparse), and the seed
-//! mechanisms switched off one at a time; every kernel baseline beside the engine. Writes
+//! mechanisms switched off one at a time, seed 003's allocate-touch-free loop; every kernel
+//! baseline beside the engine; then the zeroing methods' table (`bench-zero`). Writes
 //! DIR/BENCHMARKS.md (tables, ratios to native, plots), the plots as PNG, and every row as
 //! DIR/benchmarks.json.
 
@@ -223,7 +224,22 @@ fn headline(rows: &[Row], mode: &str, threads: usize) -> String {
         .map_or("-".into(), |x| format!("{x:.2}x"))
 }
 
-pub(crate) fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], took: f64) -> String {
+/// The zeroing section's title and what it shows.
+const ZEROING_TITLE: &str = "Zeroing methods";
+const ZEROING_ABOUT: &str = "How fast each of the scrub's zeroing methods (`ZEROFAULT_ZERO_METHOD`) zeroes \
+     memory here, in 4 KiB and 2 MiB calls (one fence per call for the non-temporal methods), on \
+     cold memory (1 GiB, far beyond the caches: the median of 3 passes) and cached memory (16 MiB \
+     written just before), each result checked to read zero. Seed 003's rule: cold memory wants \
+     stores that bypass the caches, cached memory temporal ones. `auto` measures the methods on the \
+     scrub's first cold batches and keeps the fastest.";
+
+pub(crate) fn markdown(
+    r: &ReportArgs,
+    m: &Machine,
+    done: &[(Suite, Vec<Row>)],
+    zero: &crate::zeroing::Table,
+    took: f64,
+) -> String {
     let mut s = String::from("# zerofault benchmarks\n\n");
     s += &format!(
         "Made by `zerofault report` on {} in {:.0} s. Make your own with `cargo run --release -- report --out DIR`.\n\n",
@@ -296,6 +312,11 @@ pub(crate) fn markdown(r: &ReportArgs, m: &Machine, done: &[(Suite, Vec<Row>)], 
             );
         }
     }
+    s += &format!(
+        "## {}. {ZEROING_TITLE}\n\n{ZEROING_ABOUT}\n\n`zerofault bench-zero`\n\n{}\n",
+        done.len() + 1,
+        zero.markdown()
+    );
     s += "Every row of every section, with the engine's counters, is in `benchmarks.json` beside this file.\n";
     s
 }
@@ -319,6 +340,10 @@ pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
             done.push((suite, rows));
         }
     }
+    if !r.quiet {
+        eprintln!("zerofault report: measuring the zeroing methods (bench-zero)");
+    }
+    let zero = crate::zeroing::measure()?;
     let took = t0.elapsed().as_secs_f64();
     let mut all = vec![];
     for (suite, rows) in &done {
@@ -337,10 +362,12 @@ pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
         let p = r.out.join(name);
         std::fs::write(&p, text).map_err(|e| format!("--out {}: {e}", p.display()))
     };
-    write("BENCHMARKS.md", markdown(r, &m, &done, took))?;
+    write("BENCHMARKS.md", markdown(r, &m, &done, &zero, took))?;
     write(
         "benchmarks.json",
-        serde_json::to_string_pretty(&json!({ "machine": m.json(), "suites": all })).expect("JSON") + "\n",
+        serde_json::to_string_pretty(&json!({ "machine": m.json(), "suites": all, "zeroing": zero.json() }))
+            .expect("JSON")
+            + "\n",
     )?;
     eprintln!(
         "zerofault report: wrote {} (and its plots, benchmarks.json) in {took:.0} s",
@@ -405,7 +432,11 @@ mod tests {
             row("engine", 1, 8, 0.2),
         ];
         let done = vec![(suite.pop().unwrap(), rows)];
-        let md = markdown(&r, &machine(), &done, 95.0);
+        let zero = crate::zeroing::Table {
+            rows: vec![],
+            missing: vec![("dsa", "no work queue".into())],
+        };
+        let md = markdown(&r, &machine(), &done, &zero, 95.0);
         assert!(md.contains("**Machine:** Linux 6.8.0 | Test CPU"), "{md}");
         assert!(md.contains("![Sequential first touch: threads and cache lines](seq.png)"));
         assert!(
@@ -419,6 +450,10 @@ mod tests {
             "{md}"
         );
         assert!(md.contains("**Headline**") && md.contains("| 1 | 10.00x |"), "{md}");
+        assert!(
+            md.contains("## 2. Zeroing methods\n") && md.contains("- `dsa`: no work queue"),
+            "the zeroing section follows the suites: {md}"
+        );
     }
 
     #[test]

@@ -16,12 +16,21 @@ const COLD_PASSES: usize = 3;
 const CACHED_PASSES: usize = 32;
 
 /// One method at one call size.
-struct Row {
-    method: &'static str,
-    variant: &'static str,
-    chunk: usize,
-    cold_gbs: f64,
-    cached_gbs: f64,
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Row {
+    pub(crate) method: &'static str,
+    pub(crate) variant: &'static str,
+    pub(crate) chunk: usize,
+    pub(crate) cold_gbs: f64,
+    pub(crate) cached_gbs: f64,
+}
+
+/// What `bench-zero` measured: a row per available method and call size, and for each method
+/// the machine lacks, why.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub(crate) struct Table {
+    pub(crate) rows: Vec<Row>,
+    pub(crate) missing: Vec<(&'static str, String)>,
 }
 
 /// Zeroes `[p, p + len)` in calls of `chunk` bytes with `m`; the time it took.
@@ -54,18 +63,24 @@ pub fn run_bench_zero(rest: &[String]) -> Result<(), String> {
     if let Some(a) = rest.first() {
         return Err(format!("zerofault bench-zero: unknown argument {a}; it takes none"));
     }
+    print!("{}", measure()?.text());
+    Ok(())
+}
+
+/// Measures every method the machine has (about half a minute: each pass writes 1 GiB twice).
+pub(crate) fn measure() -> Result<Table, String> {
     let map = |len| Mapping::new(len, Thp::Never).map_err(|e| format!("zerofault bench-zero: mmap: {e}"));
     let (cold, cached) = (map(COLD)?, map(CACHED)?);
     let fill = |p: *mut u8, len: usize| {
         // SAFETY: our own mapping.
         unsafe { std::ptr::write_bytes(p, 0x5a, len) }
     };
-    let mut rows = vec![];
+    let mut t = Table::default();
     for m in ZeroMethod::ALL {
         let variant = match m.available() {
             Ok(v) => v,
             Err(why) => {
-                println!("{:<7} not measured: {why}", m.name());
+                t.missing.push((m.name(), why.to_string()));
                 continue;
             }
         };
@@ -83,7 +98,7 @@ pub fn run_bench_zero(rest: &[String]) -> Result<(), String> {
                 cached_t += zero_in_chunks(m, cached.as_ptr(), CACHED, chunk)?;
                 check_zero(cached.as_ptr(), CACHED, m.name())?;
             }
-            rows.push(Row {
+            t.rows.push(Row {
                 method: m.name(),
                 variant,
                 chunk,
@@ -92,55 +107,142 @@ pub fn run_bench_zero(rest: &[String]) -> Result<(), String> {
             });
         }
     }
-    print!("{}", table(&rows));
-    Ok(())
+    Ok(t)
 }
 
-/// The rows as text, each with its ratio to `stosb` at the same call size.
-fn table(rows: &[Row]) -> String {
-    let stosb = |chunk: usize| rows.iter().find(|r| r.method == "stosb" && r.chunk == chunk);
-    let mut s = format!(
-        "{:<7} {:<34} {:>6} {:>10} {:>12} {:>12} {:>14}\n",
-        "method", "variant", "call", "cold GB/s", "cached GB/s", "cold/stosb", "cached/stosb"
-    );
-    for r in rows {
-        let ratio = |x: f64, base: Option<f64>| base.map_or("-".to_string(), |b| format!("{:.2}x", x / b));
-        let base = stosb(r.chunk);
-        s += &format!(
-            "{:<7} {:<34} {:>6} {:>10.2} {:>12.2} {:>12} {:>14}\n",
-            r.method,
-            r.variant,
-            if r.chunk == 4096 { "4K" } else { "2M" },
-            r.cold_gbs,
-            r.cached_gbs,
+fn call(chunk: usize) -> &'static str {
+    if chunk == 4096 {
+        "4K"
+    } else {
+        "2M"
+    }
+}
+
+impl Table {
+    /// `r`'s ratio to `stosb` at the same call size, cold and cached, as text (`-`: no stosb row).
+    fn ratios(&self, r: &Row) -> (String, String) {
+        let base = self.rows.iter().find(|b| b.method == "stosb" && b.chunk == r.chunk);
+        let ratio = |x: f64, b: Option<f64>| b.map_or("-".to_string(), |b| format!("{:.2}x", x / b));
+        (
             ratio(r.cold_gbs, base.map(|b| b.cold_gbs)),
             ratio(r.cached_gbs, base.map(|b| b.cached_gbs)),
-        );
+        )
     }
-    s
+
+    /// What `zerofault bench-zero` prints: a line per missing method, then the table.
+    pub(crate) fn text(&self) -> String {
+        let mut s = String::new();
+        for (name, why) in &self.missing {
+            s += &format!("{name:<7} not measured: {why}\n");
+        }
+        s += &format!(
+            "{:<7} {:<34} {:>6} {:>10} {:>12} {:>12} {:>14}\n",
+            "method", "variant", "call", "cold GB/s", "cached GB/s", "cold/stosb", "cached/stosb"
+        );
+        for r in &self.rows {
+            let (cold, cached) = self.ratios(r);
+            s += &format!(
+                "{:<7} {:<34} {:>6} {:>10.2} {:>12.2} {:>12} {:>14}\n",
+                r.method,
+                r.variant,
+                call(r.chunk),
+                r.cold_gbs,
+                r.cached_gbs,
+                cold,
+                cached,
+            );
+        }
+        s
+    }
+
+    /// The report's section body: the table in markdown, then a line per missing method.
+    pub(crate) fn markdown(&self) -> String {
+        let mut s = String::from(
+            "| method | variant | call | cold GB/s | cached GB/s | cold / stosb | cached / stosb |\n\
+             |---|---|---|---:|---:|---:|---:|\n",
+        );
+        for r in &self.rows {
+            let (cold, cached) = self.ratios(r);
+            s += &format!(
+                "| `{}` | {} | {} | {:.2} | {:.2} | {cold} | {cached} |\n",
+                r.method,
+                r.variant,
+                call(r.chunk),
+                r.cold_gbs,
+                r.cached_gbs
+            );
+        }
+        if !self.missing.is_empty() {
+            s += "\nNot measured on this machine:\n\n";
+            for (name, why) in &self.missing {
+                s += &format!("- `{name}`: {why}\n");
+            }
+        }
+        s
+    }
+
+    /// The rows for `benchmarks.json`.
+    pub(crate) fn json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "rows": self.rows.iter().map(|r| serde_json::json!({
+                "method": r.method,
+                "variant": r.variant,
+                "chunk_bytes": r.chunk,
+                "cold_gb_per_s": r.cold_gbs,
+                "cached_gb_per_s": r.cached_gbs,
+            })).collect::<Vec<_>>(),
+            "not_measured": self.missing.iter().map(|(name, why)| serde_json::json!({
+                "method": name,
+                "why": why,
+            })).collect::<Vec<_>>(),
+        })
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn the_table_gives_each_method_its_ratio_to_stosb_at_the_same_call_size() {
-        let row = |method, chunk, cold_gbs, cached_gbs| Row {
+    fn row(method: &'static str, chunk: usize, cold_gbs: f64, cached_gbs: f64) -> Row {
+        Row {
             method,
             variant: "v",
             chunk,
             cold_gbs,
             cached_gbs,
-        };
-        let t = table(&[
-            row("stosb", 4096, 4.0, 20.0),
-            row("nt", 4096, 10.0, 10.0),
-            row("nt", 2 << 20, 12.0, 9.0),
-        ]);
+        }
+    }
+
+    fn sample() -> Table {
+        Table {
+            rows: vec![
+                row("stosb", 4096, 4.0, 20.0),
+                row("nt", 4096, 10.0, 10.0),
+                row("nt", 2 << 20, 12.0, 9.0),
+            ],
+            missing: vec![("dsa", "no idxd work queue".to_string())],
+        }
+    }
+
+    #[test]
+    fn the_table_gives_each_method_its_ratio_to_stosb_at_the_same_call_size() {
+        let t = sample().text();
+        assert!(t.starts_with("dsa     not measured: no idxd work queue\n"), "{t}");
         let nt4k = t.lines().find(|l| l.starts_with("nt") && l.contains(" 4K ")).unwrap();
         assert!(nt4k.contains("2.50x") && nt4k.contains("0.50x"), "{t}");
         let nt2m = t.lines().find(|l| l.contains(" 2M ")).unwrap();
         assert!(nt2m.ends_with('-'), "no stosb row at 2M to compare with: {t}");
+    }
+
+    #[test]
+    fn the_markdown_and_json_carry_the_same_rows_and_missing_methods() {
+        let md = sample().markdown();
+        assert!(md.contains("| `nt` | v | 4K | 10.00 | 10.00 | 2.50x | 0.50x |"), "{md}");
+        assert!(md.contains("| `nt` | v | 2M | 12.00 | 9.00 | - | - |"), "{md}");
+        assert!(md.contains("- `dsa`: no idxd work queue"), "{md}");
+        let j = sample().json();
+        assert_eq!(j["rows"].as_array().unwrap().len(), 3);
+        assert_eq!(j["rows"][2]["chunk_bytes"], 2 << 20);
+        assert_eq!(j["not_measured"][0]["method"], "dsa");
     }
 }

@@ -336,6 +336,10 @@ fn report_writes_benchmarks_md_with_tables_and_plots() {
         md.contains("## 5. Allocate, touch, free, ten times (seed 003's benchmark)"),
         "{md}"
     );
+    assert!(
+        md.contains("## 6. Zeroing methods") && md.contains("| `stosb` | rep stosb | 2M |"),
+        "{md}"
+    );
     for id in ["seq", "random", "random-sparse", "mechanisms", "loop"] {
         assert!(md.contains(&format!("({id}.png)")), "{id}");
         let png = std::fs::read(dir.join(format!("{id}.png"))).expect("plot");
@@ -344,6 +348,15 @@ fn report_writes_benchmarks_md_with_tables_and_plots() {
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("benchmarks.json")).unwrap()).unwrap();
     assert_eq!(j["suites"].as_array().unwrap().len(), 5);
+    assert!(
+        j["zeroing"]["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["method"] == "stosb"),
+        "{}",
+        j["zeroing"]
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

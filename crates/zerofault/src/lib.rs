@@ -90,8 +90,8 @@
 //!   window: `predict.rs`. Giving random access back: `handback.rs`.
 //! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
 //! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
-//!   (`zero.rs`), the zeroing methods ([`ZeroMethod`], `zeroing.rs`; measured by `zerofault
-//!   bench-zero`, not used by the scrub yet).
+//!   (`zero.rs`), the zeroing methods ([`ZeroMethod`], `zeroing.rs`; the scrub's, measured by
+//!   `zerofault bench-zero`).
 //! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
 //!   sizes ([`page`]).
 //! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
