@@ -51,7 +51,7 @@
 //! and a give-back racing a producer that came round (see `RingIndex::untake`).
 
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
-use crate::recycle::DirtyRing;
+use crate::recycle::{Batch, DirtyRing};
 use crate::stats::Stats;
 use crate::sync::AtomicU64;
 use crate::sys::mman;
@@ -504,8 +504,17 @@ impl Pool {
         self.dirty_small.is_some()
     }
 
-    /// The handler found the huge ring empty for `n` huge pages it wanted.
+    /// The handler found the huge ring empty for `n` huge pages it wanted. Huge pages already
+    /// on their way back (recycled, waiting in the dirty huge ring) meet as much of that: the
+    /// ring was empty because the scrub is behind, not because the pool lacks huge pages, and
+    /// trading 4 KiB pages for more would populate (and later purge) what comes back anyway
+    /// (measured: seed 003's loop spent 0.5-0.7 s more CPU in runs with ~100 such trades).
     pub(crate) fn note_huge_missed(&self, n: u64) {
+        let coming = self.dirty_huge.as_ref().map_or(0, |d| d.pending() / CHUNK_PAGES);
+        let n = n.saturating_sub(coming);
+        if n == 0 {
+            return;
+        }
         let cap = (self.limit - self.small_share) / CHUNK_PAGES;
         let _ = self
             .huge_missed
@@ -534,6 +543,27 @@ impl Pool {
         self.huge_missed.load(Relaxed) > 0
             && huge.available() + CHUNK_PAGES <= self.share(huge)
             && self.small.available() >= self.small_share + margin
+    }
+
+    /// The scrub's next dirty batch: of the (dirty, clean) ring pairs (0: huge, 1: small) not
+    /// `done` this round and with a batch waiting, the one whose clean ring is emptiest for its
+    /// share (ties: huge first), as (pair, dirty ring, clean ring, batch). A program that frees
+    /// and at once allocates again wants both sizes from the start: zeroing every huge page
+    /// before any 4 KiB one left the small ring empty for the first tens of milliseconds of
+    /// each round of seed 003's loop, and its 4 KiB faults were copies (measured: 42-75k
+    /// copied pages in ten rounds of 1 GiB instead of 80-150k).
+    pub(crate) fn next_dirty(&self, done: [bool; 2]) -> Option<(usize, &DirtyRing, &Ring, Batch)> {
+        let pairs = [
+            self.dirty_huge.as_ref().zip(self.huge.as_ref()),
+            self.dirty_small.as_ref().zip(Some(&self.small)),
+        ];
+        let fullness = |c: &Ring| c.available() as f64 / self.share(c).max(1) as f64;
+        pairs
+            .into_iter()
+            .enumerate()
+            .filter(|(i, _)| !done[*i])
+            .filter_map(|(i, p)| p.and_then(|(d, c)| Some((i, d, c, d.peek()?))))
+            .min_by(|x, y| fullness(x.2).total_cmp(&fullness(y.2)))
     }
 
     /// Recycled pages waiting to be zeroed.
@@ -729,6 +759,74 @@ mod tests {
         assert_eq!(small_bytes(1 << 30), 256 << 20);
         assert_eq!(small_bytes(4 << 20), 2 << 20);
         assert_eq!(small_bytes(10 << 20), 2 << 20, "whole chunks");
+    }
+
+    /// Recycles `n` pages (one huge page in the huge ring) into `d` as if the program gave them back (a fake move: nothing is
+    /// mapped; the rings only count slots).
+    fn put_dirty(d: &DirtyRing, n: u64) {
+        let p = d.put(1 << 40, n, &mut |_, _, l| crate::sys::uffd::Progress {
+            done: l,
+            errno: None,
+        });
+        assert_eq!(p.moved, n);
+    }
+
+    /// Publishes `n` slots of `r` as ready without populating them (nothing reads them here).
+    fn pretend_filled(r: &Ring, n: u64) {
+        let mut got = 0;
+        while got < n {
+            got += r.fill_with(n - got, |_, n| Ok(n)).unwrap();
+        }
+    }
+
+    #[test]
+    fn huge_pages_on_their_way_back_meet_the_demand_the_handler_notes() {
+        let p = Pool::new(16 << 20, true, true).unwrap(); // huge share: 6 chunks
+        p.note_huge_missed(2);
+        assert!(p.take_huge_missed() && p.take_huge_missed() && !p.take_huge_missed());
+        // Two recycled huge pages wait to be zeroed: a miss of three is one huge page short.
+        put_dirty(p.dirty_huge.as_ref().unwrap(), PMD_PAGES);
+        put_dirty(p.dirty_huge.as_ref().unwrap(), PMD_PAGES);
+        p.note_huge_missed(3);
+        assert!(p.take_huge_missed() && !p.take_huge_missed());
+        p.note_huge_missed(2);
+        assert!(!p.take_huge_missed(), "the scrub is behind, not short of huge pages");
+        p.note_huge_missed(100);
+        let mut n = 0;
+        while p.take_huge_missed() {
+            n += 1;
+        }
+        assert_eq!(n, 6, "capped at the huge share");
+    }
+
+    #[test]
+    fn the_scrub_zeroes_first_for_the_emptier_clean_ring() {
+        let p = Pool::new(16 << 20, true, true).unwrap(); // small share 1024, huge 3072
+        let (small, huge) = (&p.small, p.huge.as_ref().unwrap());
+        let (ds, dh) = (p.dirty_small.as_ref().unwrap(), p.dirty_huge.as_ref().unwrap());
+        assert!(p.next_dirty([false; 2]).is_none(), "nothing dirty");
+        put_dirty(ds, 512);
+        put_dirty(dh, PMD_PAGES); // one huge page a put
+        put_dirty(dh, PMD_PAGES);
+        let pick = |done| {
+            p.next_dirty(done)
+                .map(|(i, d, c, b)| (i, d.is_huge(), c.is_huge_ring(), b.pages))
+        };
+        // Both clean rings empty: a tie, the huge one first.
+        assert_eq!(pick([false; 2]), Some((0, true, true, PMD_PAGES)));
+        // The huge ring a third full, the small one empty: small.
+        pretend_filled(huge, 1024);
+        assert_eq!(pick([false; 2]), Some((1, false, false, 512)));
+        // The small ring half full: huge again (1/3 < 1/2).
+        pretend_filled(small, 512);
+        assert_eq!(pick([false; 2]), Some((0, true, true, PMD_PAGES)));
+        // A pair whose clean ring took nothing more this round is skipped.
+        assert_eq!(pick([true, false]), Some((1, false, false, 512)));
+        assert_eq!(pick([true, true]), None);
+        // A pair with nothing dirty is not picked, however empty its clean ring.
+        ds.consume(512);
+        let _ = small.take(512);
+        assert_eq!(pick([false; 2]), Some((0, true, true, PMD_PAGES)));
     }
 }
 

@@ -183,93 +183,90 @@ fn code(m: ZeroMethod) -> u64 {
 fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::ThreadClock) -> bool {
     let stats = &*shared.stats;
     let mut worked = false;
-    let pairs = [
-        (pool.dirty_huge.as_ref(), pool.huge.as_ref()),
-        (pool.dirty_small.as_ref(), Some(&pool.small)),
-    ];
-    for (dirty, clean) in pairs {
-        let (Some(dirty), Some(clean)) = (dirty, clean) else {
-            continue;
+    // The pairs whose clean ring took nothing more this round (see `Pool::next_dirty`).
+    let mut done = [false; 2];
+    loop {
+        if stopping(shared) {
+            return worked;
+        }
+        // One batch at a time under the pool's work lock, peeked under it: a release or the
+        // mlockall protection happens between batches, never inside one.
+        let Some(_step) = pool.step(&shared.pool_paused) else {
+            return worked;
         };
-        loop {
-            if stopping(shared) {
-                return worked;
+        let Some((i, dirty, clean, b)) = pool.next_dirty(done) else {
+            return worked;
+        };
+        if !dirty.is_huge()
+            && b.pages == BATCH_PAGES
+            && pool.wants_trade(1 << shared.opts.max_order)
+            && trade(shared, pool, dirty, b.addr)
+        {
+            worked = true;
+            continue;
+        }
+        let age = Duration::from_nanos(dirty.now().saturating_sub(b.stamp));
+        let hot = z.is_hot(age, bytes(pool.dirty()));
+        let method = if hot { ZeroMethod::Stosb } else { z.cold() };
+        let mut consumed = 0;
+        let mut zeroed = 0;
+        let filled = clean.fill_with(b.pages, |dst, n| {
+            let k = n.min(b.pages);
+            let t0 = clock.read();
+            // SAFETY: the batch is the dirty ring's head, which only the scrub touches
+            // (recyclers fill slots past the tail); its bytes are the program's old ones,
+            // which nobody may see: they are zeroed here, before they move.
+            unsafe { method.zero(b.addr as *mut u8, bytes(k)) }?;
+            let cpu = clock.read().saturating_sub(t0);
+            Stats::add(&stats.scrub_zero_ns, nanos(cpu));
+            if !hot {
+                z.record(method, bytes(k) as u64, cpu, stats);
             }
-            // One batch at a time under the pool's work lock, peeked under it: a release or
-            // the mlockall protection happens between batches, never inside one.
-            let Some(_step) = pool.step(&shared.pool_paused) else {
-                return worked;
-            };
-            let Some(b) = dirty.peek() else { break };
-            if !dirty.is_huge()
-                && b.pages == BATCH_PAGES
-                && pool.wants_trade(1 << shared.opts.max_order)
-                && trade(shared, pool, dirty, b.addr)
-            {
-                worked = true;
+            zeroed = k;
+            // Only around the move: the kernel method's MADV_DONTNEED above waits for the
+            // handler to read its REMOVE event, and a handler failing open waits for
+            // every reader of the descriptor to let go of it.
+            let uffd = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+            let Some(u) = uffd.as_ref() else { return Ok(0) };
+            let (filled, used) = move_zeroed(u, dst, n, b.addr, k, clean.is_huge_ring());
+            consumed = used;
+            Ok(filled)
+        });
+        match filled {
+            Ok(0) if consumed == 0 && zeroed == 0 => {
+                done[i] = true; // the clean ring is full
                 continue;
             }
-            let age = Duration::from_nanos(dirty.now().saturating_sub(b.stamp));
-            let hot = z.is_hot(age, bytes(pool.dirty()));
-            let method = if hot { ZeroMethod::Stosb } else { z.cold() };
-            let mut consumed = 0;
-            let mut zeroed = 0;
-            let filled = clean.fill_with(b.pages, |dst, n| {
-                let k = n.min(b.pages);
-                let t0 = clock.read();
-                // SAFETY: the batch is the dirty ring's head, which only the scrub touches
-                // (recyclers fill slots past the tail); its bytes are the program's old ones,
-                // which nobody may see: they are zeroed here, before they move.
-                unsafe { method.zero(b.addr as *mut u8, bytes(k)) }?;
-                let cpu = clock.read().saturating_sub(t0);
-                Stats::add(&stats.scrub_zero_ns, nanos(cpu));
-                if !hot {
-                    z.record(method, bytes(k) as u64, cpu, stats);
-                }
-                zeroed = k;
-                // Only around the move: the kernel method's MADV_DONTNEED above waits for the
-                // handler to read its REMOVE event, and a handler failing open waits for
-                // every reader of the descriptor to let go of it.
-                let uffd = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
-                let Some(u) = uffd.as_ref() else { return Ok(0) };
-                let (filled, used) = move_zeroed(u, dst, n, b.addr, k, clean.is_huge_ring());
-                consumed = used;
-                Ok(filled)
-            });
-            match filled {
-                Ok(0) if consumed == 0 && zeroed == 0 => break, // the clean ring is full
-                Ok(_) => {}
-                Err(_) => {
-                    // The zeroing failed (the kernel method's populate, out of memory): the
-                    // batch goes back to the kernel instead.
-                    purge_batch(dirty, b.addr, b.pages);
-                    Stats::add(&stats.pages_purged, b.pages);
-                    continue;
-                }
+            Ok(_) => {}
+            Err(_) => {
+                // The zeroing failed (the kernel method's populate, out of memory): the
+                // batch goes back to the kernel instead.
+                purge_batch(dirty, b.addr, b.pages);
+                Stats::add(&stats.pages_purged, b.pages);
+                continue;
             }
-            if consumed == 0 && zeroed > 0 && filled.as_ref().is_ok_and(|f| *f == 0) {
-                // Nothing moved and nothing filled (a move refused): leave it to the purge.
-                break;
-            }
-            if dirty.is_huge() && consumed % PMD_PAGES != 0 {
-                // A huge page moved in part (a clean slot found holding pages part way): the
-                // dirty ring goes by whole slots, so the rest of this one is discarded.
-                let whole = consumed.next_multiple_of(PMD_PAGES);
-                // SAFETY: the rest of the scrub's own batch, zeroed already; discarded.
-                let _ =
-                    unsafe { mman::madvise(b.addr + bytes(consumed), bytes(whole - consumed), mman::MADV_DONTNEED) };
-                Stats::add(&stats.pages_purged, whole - consumed);
-                consumed = whole;
-            }
-            dirty.consume(consumed);
-            Stats::add(&stats.pages_scrubbed, consumed);
-            if hot {
-                Stats::add(&stats.pages_scrubbed_hot, consumed);
-            }
-            worked = true;
         }
+        if consumed == 0 && zeroed > 0 && filled.as_ref().is_ok_and(|f| *f == 0) {
+            // Nothing moved and nothing filled (a move refused): leave it to the purge.
+            done[i] = true;
+            continue;
+        }
+        if dirty.is_huge() && consumed % PMD_PAGES != 0 {
+            // A huge page moved in part (a clean slot found holding pages part way): the
+            // dirty ring goes by whole slots, so the rest of this one is discarded.
+            let whole = consumed.next_multiple_of(PMD_PAGES);
+            // SAFETY: the rest of the scrub's own batch, zeroed already; discarded.
+            let _ = unsafe { mman::madvise(b.addr + bytes(consumed), bytes(whole - consumed), mman::MADV_DONTNEED) };
+            Stats::add(&stats.pages_purged, whole - consumed);
+            consumed = whole;
+        }
+        dirty.consume(consumed);
+        Stats::add(&stats.pages_scrubbed, consumed);
+        if hot {
+            Stats::add(&stats.pages_scrubbed_hot, consumed);
+        }
+        worked = true;
     }
-    worked
 }
 
 /// Trades the whole dirty 4 KiB batch at `addr` for a huge page (see [`Pool::wants_trade`]):
