@@ -3,7 +3,9 @@
 
 mod common;
 
-use common::{assert_same, both, cc, lib_dir, pages_served, program_stderr, run, stderr, temp_dir, zerofault};
+use common::{
+    assert_same, both, cc, counter, lib_dir, measured, pages_served, program_stderr, run, stderr, temp_dir, zerofault,
+};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -218,6 +220,30 @@ fn freed_memory_is_recycled_and_reads_as_natively() {
     assert!(count("recycle_calls") >= 12, "{err}");
     assert!(count("pages_recycled") > 6 * 16384, "{err}");
     assert!(count("recycle_discarded") > 0, "the fork's pages were discarded: {err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Memory goes back when the program does not want it: a program that frees 1 GiB and idles
+/// 3 s ends within `scrub_stop` (64 MiB by default) + 8 MiB of its native RSS, the recycled
+/// pages given back after `purge_delay` (1 s).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_program_that_frees_1_gib_and_idles_ends_near_its_native_rss() {
+    let dir = temp_dir("idle");
+    let prog = cc("touch", &dir, false);
+    let (plain, shim) = both(prog.to_str().unwrap(), &["idle", "1024", "3"], &dir);
+    assert!(plain.status.success() && shim.status.success(), "{}", stderr(&shim));
+    let (native, engine) = (measured(&plain, "rss_kb"), measured(&shim, "rss_kb"));
+    assert!(
+        counter(&shim, "pages_recycled") >= 3 * 1024 * 256 / 4,
+        "the freed GiB went through recycling: {}",
+        stderr(&shim)
+    );
+    assert!(
+        engine <= native + (64 + 8) * 1024,
+        "RSS {engine} kB under the shim, {native} kB natively\n{}",
+        stderr(&shim)
+    );
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -2,8 +2,10 @@
  *
  *   touch cold MiB              calloc MiB at start-up, write one byte per page, free
  *   touch bursts MiB N IDLE_MS  N times: calloc MiB, write one byte per page, free, sleep
+ *   touch idle MiB SECONDS      calloc MiB, write one byte per page, free, sleep SECONDS
  *
- * Prints the wall time of each touch phase and their sum. */
+ * Prints the wall time of each touch phase and their sum; `idle` prints VmRSS at the end to
+ * stderr as "rss_kb=N". */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +16,17 @@ static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return t.tv_sec + t.tv_nsec / 1e9;
+}
+
+static long rss_kb(void) {
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long v = -1;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) v = atol(line + 6);
+    fclose(f);
+    return v;
 }
 
 static double touch(size_t mib) {
@@ -47,6 +60,14 @@ int main(int argc, char **argv) {
         printf("touch phases: %.4f s in all, %.4f s after the first\n", sum, rest);
         return 0;
     }
-    fprintf(stderr, "usage: touch cold MiB | touch bursts MiB N IDLE_MS\n");
+    if (argc >= 4 && !strcmp(argv[1], "idle")) {
+        double t = touch(strtoul(argv[2], 0, 10));
+        printf("touch %s MiB: %.4f s, then idle %s s\n", argv[2], t, argv[3]);
+        fflush(stdout);
+        sleep((unsigned)atoi(argv[3]));
+        fprintf(stderr, "rss_kb=%ld\n", rss_kb());
+        return 0;
+    }
+    fprintf(stderr, "usage: touch cold MiB | touch bursts MiB N IDLE_MS | touch idle MiB SECONDS\n");
     return 2;
 }
