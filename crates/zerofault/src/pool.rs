@@ -477,6 +477,12 @@ impl Pool {
         }
     }
 
+    /// How full `ring` is for its share (0 empty, 1 at its share): refills and the scrub's
+    /// zeroing serve the emptier ring first.
+    fn fullness(&self, ring: &Ring) -> f64 {
+        ring.available() as f64 / self.share(ring).max(1) as f64
+    }
+
     /// Pages the pool may still take in, ready or dirty, before it holds `pool_max`.
     pub(crate) fn room(&self) -> u64 {
         self.limit.saturating_sub(self.available() + self.dirty())
@@ -557,13 +563,12 @@ impl Pool {
             self.dirty_huge.as_ref().zip(self.huge.as_ref()),
             self.dirty_small.as_ref().zip(Some(&self.small)),
         ];
-        let fullness = |c: &Ring| c.available() as f64 / self.share(c).max(1) as f64;
         pairs
             .into_iter()
             .enumerate()
             .filter(|(i, _)| !done[*i])
             .filter_map(|(i, p)| p.and_then(|(d, c)| Some((i, d, c, d.peek()?))))
-            .min_by(|x, y| fullness(x.2).total_cmp(&fullness(y.2)))
+            .min_by(|x, y| self.fullness(x.2).total_cmp(&self.fullness(y.2)))
     }
 
     /// Recycled pages waiting to be zeroed.
@@ -597,8 +602,7 @@ impl Pool {
         let Some(huge) = &self.huge else {
             return self.small.fill_step(max_pages, stats);
         };
-        let fullness = |r: &Ring| r.available() as f64 / self.share(r).max(1) as f64;
-        let (first, second) = if fullness(&self.small) <= fullness(huge) {
+        let (first, second) = if self.fullness(&self.small) <= self.fullness(huge) {
             (&self.small, huge)
         } else {
             (huge, &self.small)
