@@ -19,6 +19,9 @@
 //! - `thp`: plain anonymous memory, `MADV_HUGEPAGE` (2 MiB kernel faults where the kernel can).
 //! - `populate`: `MADV_NOHUGEPAGE`, each thread `MADV_POPULATE_WRITE`s its whole share and then
 //!   touches it, both timed (what MAP_POPULATE costs a program).
+//! - `floor`: plain anonymous memory, `MADV_NOHUGEPAGE`, populated (`MADV_POPULATE_WRITE`)
+//!   before the timed part: the same touch with no fault at all, the limit every other mode is
+//!   measured against (with `--loop`, each thread's share is populated once and touched N times).
 //! - `engine`: the engine with its pool filled to cover the run *before* the timed part; that
 //!   fill's wall and CPU time are reported on their own, never hidden.
 //! - `engine-cold`: the engine with the pool empty at the start; everything is counted.
@@ -68,10 +71,18 @@ pub(crate) enum Base {
     Populate,
     Engine,
     EngineCold,
+    Floor,
 }
 
 impl Base {
-    pub(crate) const ALL: [Base; 5] = [Base::Native, Base::Thp, Base::Populate, Base::Engine, Base::EngineCold];
+    pub(crate) const ALL: [Base; 6] = [
+        Base::Native,
+        Base::Thp,
+        Base::Populate,
+        Base::Engine,
+        Base::EngineCold,
+        Base::Floor,
+    ];
 
     pub(crate) fn name(self) -> &'static str {
         match self {
@@ -80,6 +91,7 @@ impl Base {
             Base::Populate => "populate",
             Base::Engine => "engine",
             Base::EngineCold => "engine-cold",
+            Base::Floor => "floor",
         }
     }
 
@@ -91,6 +103,7 @@ impl Base {
             Base::Populate => "MADV_POPULATE_WRITE of each share, then the touch; both timed (4 KiB pages)",
             Base::Engine => "zerofault, pool filled before the timed part (fill shown apart)",
             Base::EngineCold => "zerofault, pool empty at the start; everything timed",
+            Base::Floor => "memory mapped and populated before the timed part (4 KiB pages): the touch alone, no fault",
         }
     }
 
@@ -189,7 +202,7 @@ impl Mode {
 }
 
 /// What `--mode` accepts.
-const MODE_ACCEPTS: &str = "a comma-separated list of native, thp, populate, engine, engine-cold, \
+const MODE_ACCEPTS: &str = "a comma-separated list of native, thp, populate, engine, engine-cold, floor, \
                             and engine:KNOB=VALUE[:KNOB=VALUE...] or engine-cold:KNOB=VALUE...";
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -478,6 +491,9 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
     let plain = |thp: Thp, populate: bool| -> Result<Rep, String> {
         let m = Mapping::new(bytes, thp).map_err(|e| format!("mmap: {e}"))?;
         let base = m.as_ptr() as usize;
+        if mode.base == Base::Floor {
+            populate_write(base, bytes).map_err(|e| format!("MADV_POPULATE_WRITE: {e}"))?;
+        }
         let (user, sys, wall) = timed_touch(base, jobs(base, populate), at.cachelines)?;
         Ok(Rep {
             user,
@@ -492,6 +508,7 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
         Base::Native => plain(Thp::Never, false),
         Base::Thp => plain(Thp::Always, false),
         Base::Populate => plain(Thp::Never, true),
+        Base::Floor => plain(Thp::Never, false),
         Base::Engine | Base::EngineCold => {
             // Each page of the region is claimed once, so the region's size is all the run
             // can take from the pool; one more 2 MiB chunk covers the rounding. What the run
@@ -556,6 +573,14 @@ fn run_loop_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, 
         }
         _ => (None, None),
     };
+    // The floor's shares: mapped and populated once, before the timed part.
+    let floor = if mode.base == Base::Floor {
+        let m = Mapping::new(share * at.threads, Thp::Never).map_err(|e| format!("mmap: {e}"))?;
+        populate_write(m.as_ptr() as usize, share * at.threads).map_err(|e| format!("MADV_POPULATE_WRITE: {e}"))?;
+        Some(m)
+    } else {
+        None
+    };
     let before = engine.as_ref().map(Engine::stats);
     let touch = |base: usize, t: usize, list: &[u32]| {
         let first = t * share_pages;
@@ -574,6 +599,10 @@ fn run_loop_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, 
                 let mut r = e.map(share).map_err(|e| format!("engine: {e}"))?;
                 touch(r.as_ptr() as usize, t, list);
                 r.recycle(0, r.len()).map_err(|e| format!("recycle: {e}"))?;
+            }
+            (None, Base::Floor) => {
+                let m = floor.as_ref().expect("the floor's mapping");
+                touch(m.as_ptr() as usize + t * share, t, list);
             }
             (None, base) => {
                 let thp = if base == Base::Thp { Thp::Always } else { Thp::Never };

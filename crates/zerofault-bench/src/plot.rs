@@ -22,12 +22,13 @@ fn fonts() {
 
 /// Colors that stay apart on white (Okabe-Ito): each base mode keeps its color in every
 /// figure; variants take the rest in order.
-const BASE_COLORS: [(&str, RGBColor); 5] = [
+const BASE_COLORS: [(&str, RGBColor); 6] = [
     ("native", RGBColor(0, 0, 0)),
     ("thp", RGBColor(230, 159, 0)),
     ("populate", RGBColor(86, 180, 233)),
     ("engine", RGBColor(0, 158, 115)),
     ("engine-cold", RGBColor(213, 94, 0)),
+    ("floor", RGBColor(175, 175, 175)),
 ];
 const VARIANT_COLORS: [RGBColor; 8] = [
     RGBColor(0, 114, 178),
@@ -369,7 +370,7 @@ mod tests {
         let mut c: Vec<(u8, u8, u8)> = colors(&modes).iter().map(|c| (c.0, c.1, c.2)).collect();
         c.sort_unstable();
         c.dedup();
-        assert_eq!(c.len(), 13);
+        assert_eq!(c.len(), 14);
     }
 
     #[test]

@@ -9,7 +9,8 @@ use crate::sys::{Mapping, Thp};
 use std::time::{Duration, Instant};
 use zerofault::ZeroMethod;
 
-const COLD: usize = 1 << 30;
+/// The cold buffer of `bench-zero`: far beyond the caches.
+pub(crate) const COLD: usize = 1 << 30;
 const CACHED: usize = 16 << 20;
 /// Passes over the cold buffer (the median is shown), and over the cached one (summed).
 const COLD_PASSES: usize = 3;
@@ -26,11 +27,14 @@ pub(crate) struct Row {
 }
 
 /// What `bench-zero` measured: a row per available method and call size, and for each method
-/// the machine lacks, why.
+/// the machine lacks, why; `error` if the measuring stopped (the rows before it stand).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub(crate) struct Table {
     pub(crate) rows: Vec<Row>,
     pub(crate) missing: Vec<(&'static str, String)>,
+    /// Bytes of the cold buffer.
+    pub(crate) cold_bytes: usize,
+    pub(crate) error: Option<String>,
 }
 
 /// Zeroes `[p, p + len)` in calls of `chunk` bytes with `m`; the time it took.
@@ -63,19 +67,33 @@ pub fn run_bench_zero(rest: &[String]) -> Result<(), String> {
     if let Some(a) = rest.first() {
         return Err(format!("zerofault bench-zero: unknown argument {a}; it takes none"));
     }
-    print!("{}", measure()?.text());
-    Ok(())
+    let t = measure(COLD);
+    print!("{}", t.text());
+    t.error.map_or(Ok(()), Err)
 }
 
-/// Measures every method the machine has (about half a minute: each pass writes 1 GiB twice).
-pub(crate) fn measure() -> Result<Table, String> {
+/// Measures every method the machine has on a cold buffer of `cold` bytes (about half a
+/// minute at 1 GiB: each pass writes it twice). A failure ends the measuring and is kept in
+/// the table's `error`, so that a report still writes everything else.
+pub(crate) fn measure(cold: usize) -> Table {
+    let mut t = Table {
+        cold_bytes: cold,
+        ..Table::default()
+    };
+    if let Err(e) = measure_into(&mut t) {
+        t.error = Some(e);
+    }
+    t
+}
+
+fn measure_into(t: &mut Table) -> Result<(), String> {
+    let cold_len = t.cold_bytes;
     let map = |len| Mapping::new(len, Thp::Never).map_err(|e| format!("zerofault bench-zero: mmap: {e}"));
-    let (cold, cached) = (map(COLD)?, map(CACHED)?);
+    let (cold, cached) = (map(cold_len)?, map(CACHED)?);
     let fill = |p: *mut u8, len: usize| {
         // SAFETY: our own mapping.
         unsafe { std::ptr::write_bytes(p, 0x5a, len) }
     };
-    let mut t = Table::default();
     for m in ZeroMethod::ALL {
         let variant = match m.available() {
             Ok(v) => v,
@@ -87,9 +105,9 @@ pub(crate) fn measure() -> Result<Table, String> {
         for chunk in [4096, 2 << 20] {
             let mut cold_t = vec![];
             for _ in 0..COLD_PASSES {
-                fill(cold.as_ptr(), COLD);
-                cold_t.push(zero_in_chunks(m, cold.as_ptr(), COLD, chunk)?);
-                check_zero(cold.as_ptr(), COLD, m.name())?;
+                fill(cold.as_ptr(), cold_len);
+                cold_t.push(zero_in_chunks(m, cold.as_ptr(), cold_len, chunk)?);
+                check_zero(cold.as_ptr(), cold_len, m.name())?;
             }
             cold_t.sort();
             let mut cached_t = Duration::ZERO;
@@ -102,12 +120,12 @@ pub(crate) fn measure() -> Result<Table, String> {
                 method: m.name(),
                 variant,
                 chunk,
-                cold_gbs: gbs(COLD, cold_t[COLD_PASSES / 2]),
+                cold_gbs: gbs(cold_len, cold_t[COLD_PASSES / 2]),
                 cached_gbs: gbs(CACHED * CACHED_PASSES, cached_t),
             });
         }
     }
-    Ok(t)
+    Ok(())
 }
 
 fn call(chunk: usize) -> &'static str {
@@ -152,6 +170,9 @@ impl Table {
                 cached,
             );
         }
+        if let Some(e) = &self.error {
+            s += &format!("measuring stopped: {e}\n");
+        }
         s
     }
 
@@ -171,6 +192,9 @@ impl Table {
                 r.cold_gbs,
                 r.cached_gbs
             );
+        }
+        if let Some(e) = &self.error {
+            s += &format!("\n**Measuring stopped:** {e}\n");
         }
         if !self.missing.is_empty() {
             s += "\nNot measured on this machine:\n\n";
@@ -195,6 +219,8 @@ impl Table {
                 "method": name,
                 "why": why,
             })).collect::<Vec<_>>(),
+            "cold_bytes": self.cold_bytes,
+            "error": self.error,
         })
     }
 }
@@ -221,6 +247,8 @@ mod tests {
                 row("nt", 2 << 20, 12.0, 9.0),
             ],
             missing: vec![("dsa", "no idxd work queue".to_string())],
+            cold_bytes: 1 << 30,
+            error: None,
         }
     }
 
@@ -244,5 +272,36 @@ mod tests {
         assert_eq!(j["rows"].as_array().unwrap().len(), 3);
         assert_eq!(j["rows"][2]["chunk_bytes"], 2 << 20);
         assert_eq!(j["not_measured"][0]["method"], "dsa");
+        assert!(j["error"].is_null());
+    }
+
+    #[test]
+    fn a_measuring_that_stopped_keeps_its_rows_and_says_why() {
+        let t = Table {
+            error: Some("zerofault bench-zero: mmap: ENOMEM".into()),
+            ..sample()
+        };
+        let md = t.markdown();
+        assert!(
+            md.contains("| `nt` | v | 4K |")
+                && md.contains("**Measuring stopped:** zerofault bench-zero: mmap: ENOMEM"),
+            "{md}"
+        );
+        assert!(t
+            .text()
+            .ends_with("measuring stopped: zerofault bench-zero: mmap: ENOMEM\n"));
+        assert_eq!(t.json()["error"], "zerofault bench-zero: mmap: ENOMEM");
+    }
+
+    #[test]
+    fn measuring_a_small_cold_buffer_checks_every_method_it_has() {
+        let t = measure(4 << 20);
+        assert_eq!(t.error, None);
+        assert_eq!(t.cold_bytes, 4 << 20);
+        assert!(
+            t.rows.iter().any(|r| r.method == "stosb" && r.chunk == 2 << 20),
+            "{t:?}"
+        );
+        assert!(t.rows.iter().all(|r| r.cold_gbs > 0.0 && r.cached_gbs > 0.0), "{t:?}");
     }
 }

@@ -15,7 +15,7 @@ usage:
                    [--pattern seq|random|stride:K] [--touch F] [--pin] [--quiet]
                    [--format table|json|csv] [--plot FILE.svg|FILE.png]
       pft: first-touch fault rate of the engine against the kernel. LIST: 1,2,4 or 1..4.
-      modes: native, thp, populate, engine, engine-cold, engine:KNOB=VALUE[:KNOB=VALUE]
+      modes: native, thp, populate, engine, engine-cold, floor, engine:KNOB=VALUE[:KNOB=VALUE]
   zerofault bench-zero
       GB/s of each zeroing method (kernel, stosb, nt, clzero), 4 KiB and 2 MiB calls, cold and cached
   zerofault report [--out DIR] [--gb F] [--reps N] [--quiet]

@@ -327,7 +327,7 @@ fn report_writes_benchmarks_md_with_tables_and_plots() {
         "## 2. Random first touch, every page",
         "## 4. The seed mechanisms, one at a time",
         "fault/wsec relative to native",
-        "| threads | cache lines | `thp` | `populate` | `engine` | `engine-cold` |",
+        "| threads | cache lines | `thp` | `populate` | `engine` | `engine-cold` | `floor` |",
         "`engine:pool=off`",
     ] {
         assert!(md.contains(needle), "{needle} missing:\n{md}");
