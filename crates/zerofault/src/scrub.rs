@@ -28,7 +28,7 @@
 //!   next timer tick.
 
 use crate::page::{bytes, pages, PMD_PAGES};
-use crate::pool::Pool;
+use crate::pool::{Pool, CHUNK_PAGES};
 use crate::recycle::{DirtyRing, BATCH_PAGES};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman;
@@ -364,10 +364,16 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     if idle.since.elapsed() < delay || pool.available() <= stop {
         return;
     }
-    // Down to scrub_stop, each ring to its share of it.
+    // Down to scrub_stop, each ring to its share of it (the huge ring in whole huge pages, which
+    // is all it hands out: rounded down, so that the pool ends at scrub_stop or below).
     let cap = pool.capacity();
     for ring in [Some(&pool.small), pool.huge.as_ref()].into_iter().flatten() {
         let keep = u64::try_from(u128::from(stop) * u128::from(pool.share(ring)) / u128::from(cap)).unwrap_or(0);
+        let keep = if ring.is_huge_ring() {
+            keep / CHUNK_PAGES * CHUNK_PAGES
+        } else {
+            keep
+        };
         while ring.available() > keep && !stopping(shared) {
             let n = ring.purge(ring.available() - keep);
             if n == 0 {
