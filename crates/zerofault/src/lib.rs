@@ -22,7 +22,9 @@
 //!    thread's predictor (`predict.rs`) for a window: 16 pages for a first fault, four times
 //!    more each time the fault lands where the last window ended, up to 2048 (stretched to end
 //!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
-//!    for a fault nobody predicted.
+//!    for a fault nobody predicted. Once a stream reaches 2048, its windows also cover a
+//!    window ahead (`fault/ahead.rs`): whole PMDs after the window, as many pages as the stream
+//!    has written, up to 8192, so that a warm writer faults once per 32 MiB.
 //! 3. It claims the window in the range's page-state map (`pagemap.rs`): one atomic `fetch_or`
 //!    per 64 pages. The bits it set are the pages it installs; bits already set belong to
 //!    someone else. So two handlers never install the same page, and no lock is taken.
@@ -84,8 +86,8 @@
 //! - [`Engine`] and the state its threads share, failing open, fork: `engine.rs`.
 //! - The life of a fault (`fault/`): the handler thread's loop and dispatch
 //!   (`fault/handler.rs`), locating a fault: range, claim, window (`fault/locate.rs`), and the
-//!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), behind the
-//!   `Kernel` seam the unit tests fake (`fault/tests.rs`).
+//!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), windows
+//!   ahead (`fault/ahead.rs`), behind the `Kernel` seam the unit tests fake (`fault/tests.rs`).
 //! - Whole-PMD placement, the PMD table map and the staging area: `thp.rs`. The prefault
 //!   window: `predict.rs`. Giving random access back: `handback.rs`.
 //! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).

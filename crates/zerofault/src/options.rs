@@ -141,6 +141,37 @@ impl Kind for Millis {
     }
 }
 
+/// When a confirmed stream's window ahead goes in (see `fault/ahead.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AheadMode {
+    /// No window ahead: every window is at most 2^max_order pages.
+    Off,
+    /// With the fault's own window, before the thread is woken.
+    Fault,
+    /// After the thread is woken, while it writes.
+    Wake,
+}
+
+/// A [`AheadMode`].
+pub struct Ahead;
+impl Kind for Ahead {
+    type Value = AheadMode;
+    const ACCEPTS: &'static str = "off, fault (with the fault's window, before the wake) or wake (after it)";
+    fn parse(s: &str) -> Option<AheadMode> {
+        [AheadMode::Off, AheadMode::Fault, AheadMode::Wake]
+            .into_iter()
+            .find(|m| Ahead::show(m).eq_ignore_ascii_case(s))
+    }
+    fn show(v: &AheadMode) -> String {
+        match v {
+            AheadMode::Off => "off",
+            AheadMode::Fault => "fault",
+            AheadMode::Wake => "wake",
+        }
+        .into()
+    }
+}
+
 /// A zeroing method for recycled pages, or `auto` (`None`): measured, the fastest kept.
 pub struct Method;
 impl Kind for Method {
@@ -366,6 +397,14 @@ options! {
     order_step: Step = "2",
     /// Largest window order: at most 2^order pages are installed per fault.
     max_order: Order = "11",
+    /// Windows ahead: once a stream's window has reached max_order, its faults also install
+    /// the whole PMDs after the window (huge pages; zero pages for reads), as many pages as
+    /// the stream has written so far, up to 2^ahead_order. `fault`: with the fault's window,
+    /// before the thread is woken; `wake`: after it, while the thread writes (on this 2-vCPU
+    /// guest each huge page moved then costs an interrupt on the writer's CPU: see DESIGN.md).
+    ahead: Ahead = "fault",
+    /// Largest window ahead: 2^order pages (at least one max_order window).
+    ahead_order: Order = "13",
     /// Unpredicted faults in a row, in one region, after which the part of the region they
     /// fell in is handed back to the kernel (unregistered). 0 never hands back.
     handback_misses: Count = "8",

@@ -19,7 +19,9 @@
 //! - **No stop at page-table boundaries**: UFFDIO_MOVE takes the PTE locks itself, and
 //!   clipping at 2 MiB quadrupled the round trips.
 //!
-//! The measurements behind each default are in docs/DESIGN.md.
+//! Past max order a confirmed stream's windows go on with a window ahead
+//! (`fault/ahead.rs`, `installed_until` here). The measurements behind each default are in
+//! docs/DESIGN.md.
 //!
 //! ## Streams
 //! The seed had one prediction per task. A thread that fills two arrays in the same region
@@ -61,6 +63,8 @@ pub(crate) struct Window {
     pub pages: u64,
     pub order: u8,
     pub outcome: Outcome,
+    /// Pages the stream installed before this window (0 for a new stream).
+    pub streak: u64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -69,6 +73,8 @@ struct Stream {
     next: u64,
     order: u8,
     last_use: u64,
+    /// Pages installed since the stream began.
+    streak: u64,
 }
 
 /// The streams of one thread in one region.
@@ -128,17 +134,24 @@ impl Predictor {
             pages = to - page;
         }
         let pages = pages.min(end - page);
+        let streak = if outcome == Outcome::Hit {
+            self.streams[slot].streak
+        } else {
+            0
+        };
         self.streams[slot] = Stream {
             live: true,
             next: page + pages,
             order,
             last_use: self.clock,
+            streak: streak + pages,
         };
         Window {
             first: page,
             pages,
             order,
             outcome,
+            streak,
         }
     }
 }
@@ -148,7 +161,18 @@ impl Predictor {
     /// stream expects its next fault there.
     pub(crate) fn installed_to(&mut self, end: u64) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
+            s.streak += end.saturating_sub(s.next);
             s.next = s.next.max(end);
+        }
+    }
+
+    /// The window just returned, and its window ahead, were installed up to exactly `end`
+    /// (the head was cut at the fault's PMD, the window ahead may stop early): the stream
+    /// expects its next fault there.
+    pub(crate) fn installed_until(&mut self, end: u64) {
+        if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
+            s.streak = (s.streak + end).saturating_sub(s.next);
+            s.next = end;
         }
     }
 }

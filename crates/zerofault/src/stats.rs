@@ -73,6 +73,13 @@ counters! {
     huge_moves,
     /// 2 MiB huge pages the handler prepared itself and moved whole, the huge ring being empty.
     huge_made,
+    /// Windows ahead begun: a confirmed stream's fault answered, pages installed ahead of it.
+    ahead_windows,
+    /// Pages installed ahead (whole huge pages for writes, zero pages for reads).
+    ahead_pages,
+    /// Windows ahead that stopped early: a fault waiting to be served, no huge page ready, a
+    /// PMD holding a page table or pages already claimed, the end of the mapping, or a stop.
+    ahead_stops,
     /// Whole-PMD installs that ended in 4 KiB pages (a page already present, a move refused,
     /// or the handler's own huge pages resting after a slow one): those PMDs get 4 KiB pages
     /// from then on.

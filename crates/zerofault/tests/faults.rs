@@ -292,15 +292,17 @@ fn whole_pmds_of_sequential_windows_get_huge_pages() {
     let s = e.stats();
     assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
     if thp {
-        // 2048-page windows: the PMD each fault lands in takes 4 KiB pages, the three after it
-        // are whole huge pages.
+        // The PMD each fault lands in takes 4 KiB pages, the PMDs after it in the window (and
+        // its window ahead) are whole huge pages: from the ring (48 MiB of the 64 filled are
+        // huge), then made by the handler.
         assert!(s.huge_moves >= 16, "{}", s.to_text());
         assert_eq!(s.huge_fallbacks, 0, "{}", s.to_text());
         let huge = mman::anon_huge_bytes(r.as_ptr() as usize, r.len());
         assert_eq!(
             huge,
-            s.huge_moves as usize * PMD_SIZE,
-            "every huge move is a mapped THP"
+            (s.huge_moves + s.huge_made) as usize * PMD_SIZE,
+            "every huge page moved is a mapped THP: {}",
+            s.to_text()
         );
     } else {
         assert_eq!((s.huge_moves, s.huge_made), (0, 0), "{}", s.to_text());
@@ -662,7 +664,9 @@ fn a_16_tib_reservation_with_1_gib_touched_costs_little_metadata_all_returned_on
         copied = now;
     }
     let installed = copied as usize * PAGE_SIZE;
-    assert!((GIB..GIB + 16 * MIB).contains(&installed), "{}", e.stats().to_text());
+    // The stream's last window ahead goes past what it touched: at most 2^ahead_order pages
+    // (32 MiB) and the fault's own PMD.
+    assert!((GIB..GIB + 34 * MIB).contains(&installed), "{}", e.stats().to_text());
     let grown = rss() - before;
     let meta = grown as isize - installed as isize;
     println!(

@@ -75,9 +75,11 @@ pub(crate) fn run(shared: Arc<Shared>) {
             }
             continue;
         }
-        for &m in &buf[..n] {
+        for (i, &m) in buf[..n].iter().enumerate() {
+            h.batch_left = n - i - 1;
             h.handle_counted(m);
         }
+        h.batch_left = 0;
     }
     if let Some(e) = h.fatal {
         Stats::add(&shared.stats.fail_opens, 1);
@@ -116,6 +118,8 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) runs: Vec<(u64, u64)>,
     /// Faults read while draining for events, handled next.
     pub(crate) deferred: VecDeque<Msg>,
+    /// Messages after the one being handled in the batch read last.
+    pub(crate) batch_left: usize,
     /// Table sequence noted before the last read: events apply to ranges registered by then.
     pub(crate) seq: u64,
     /// Page faults handled (for `panic_after`).
@@ -152,6 +156,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
             predictors: HashMap::new(),
             runs: Vec::new(),
             deferred: VecDeque::new(),
+            batch_left: 0,
             seq: 0,
             faults_seen: 0,
             rung: false,
@@ -234,6 +239,14 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// got EAGAIN without progress, i.e. an event is waiting to be read.
     pub(crate) fn drain_events(&mut self) {
         Stats::add(&self.stats().drained_for_events, 1);
+        if self.read_pending() == 0 {
+            std::thread::yield_now();
+        }
+    }
+
+    /// Reads the pending messages without blocking: events are applied now, faults deferred
+    /// (handled next). Returns how many were read.
+    pub(crate) fn read_pending(&mut self) -> usize {
         let mut buf = [Msg::Fork; BATCH];
         // The events read here are applied as of now; the rest of a batch read earlier (the
         // caller may be in the middle of one) keeps the older mark, or its unmaps would cut
@@ -253,9 +266,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
             }
         }
         self.seq = outer;
-        if n == 0 {
-            std::thread::yield_now();
-        }
+        n
     }
 
     /// A sequential writer is proven: keep the pool between its watermarks from now on. Random

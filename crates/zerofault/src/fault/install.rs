@@ -132,7 +132,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// Read from /proc/self/maps once and kept until a page falls outside it or an event
     /// (munmap, mremap, a discard) may have changed the mappings; an `mprotect` makes no
     /// event, so a kept end can be stale until then.
-    fn mapping_end(&mut self) -> usize {
+    pub(crate) fn mapping_end(&mut self) -> usize {
         let a = self.fault_page;
         if let Some((_, hi)) = self.mapping.filter(|&(lo, hi)| lo <= a && a < hi) {
             return hi;

@@ -2,7 +2,8 @@
 
 use super::handler::EVENT_RETRIES;
 use super::{Handler, Kernel};
-use crate::page::{page_start, pages, pmd_start, PAGE_SIZE, PMD_PAGES};
+use crate::options::AheadMode;
+use crate::page::{page_start, pages, pmd_start, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
 use crate::predict::Outcome;
 use crate::region::Range;
 use crate::stats::Stats;
@@ -18,6 +19,9 @@ pub(crate) struct Located {
     /// Install writable pages (a write fault, or a fault that takes a whole huge page).
     pub(crate) write: bool,
     pub(crate) outcome: Outcome,
+    /// The window ahead, `[first, end)` in pages of the range: whole PMDs installed after the
+    /// thread is woken (see [`super::ahead`]).
+    pub(crate) ahead: Option<(u64, u64)>,
 }
 
 impl<K: Kernel> Handler<'_, K> {
@@ -60,6 +64,12 @@ impl<K: Kernel> Handler<'_, K> {
         };
         if let Some(w) = self.locate(&range, page_addr, write, tid) {
             self.install_window(&range, page_addr, w);
+            if let Some((first, end)) = w.ahead {
+                let got = self.install_ahead(&range, first, end, w.write);
+                if got < end {
+                    self.predictor(range.id, tid).installed_until(got);
+                }
+            }
         }
     }
 
@@ -87,7 +97,8 @@ impl<K: Kernel> Handler<'_, K> {
 
         // With huge pages, big windows end on PMD boundaries (in the address space).
         let phase = self.stage.is_some().then_some(pages(range.start) % PMD_PAGES);
-        let tuning = self.tuning;
+        let (tuning, opts) = (self.tuning, self.opts);
+        let ready = self.ready_pages();
         let predictor = self.predictor(range.id, tid);
         let w = predictor.on_fault_aligned(page, range.pages, phase, &tuning);
         let (mut first, mut end) = (w.first, w.first + w.pages);
@@ -97,6 +108,55 @@ impl<K: Kernel> Handler<'_, K> {
             first = first.min(pmd(page));
             end = (pmd(end - 1) + PMD_PAGES).min(range.pages);
             predictor.installed_to(end);
+        }
+        let mut ahead = None;
+        let confirmed = w.outcome == Outcome::Hit && w.order >= tuning.max_order;
+        if opts.ahead == AheadMode::Fault && confirmed {
+            // A confirmed stream: its window goes on to whole PMDs, as many pages as it has
+            // written so far (at least its window, at most 2^ahead_order), all installed
+            // before the thread is woken; but only as far as the pool's ready huge pages (or,
+            // without a huge ring, 4 KiB pages) reach: making each huge page here, 0.2-4 ms,
+            // would hold every other thread's fault behind this one.
+            let want = w
+                .streak
+                .clamp(1 << tuning.max_order, 1 << opts.ahead_order.max(tuning.max_order));
+            let target = (page + want).min(page + ready).min(range.pages);
+            let cut = pmd_start(range.addr_of(target));
+            let to = if target == range.pages {
+                target
+            } else if cut > range.addr_of(end) {
+                range.page_of(cut)
+            } else {
+                end
+            };
+            if to > end {
+                Stats::add(&stats.ahead_windows, 1);
+                Stats::add(&stats.ahead_pages, to - end);
+                end = to;
+            }
+            predictor.installed_until(end);
+        } else if opts.ahead == AheadMode::Wake && confirmed {
+            // A confirmed stream: the thread waits only for the pages up to the end of its
+            // PMD, and the next PMD if fewer than half a PMD's are left in its own, so that
+            // it has work while the handler starts on the window ahead (woken with one page
+            // to write, it overtook the handler at once); a huge fault's window is whole PMDs
+            // already. Whole huge pages follow while it writes, as many as it has written so
+            // far, at least a window, at most 2^ahead_order.
+            if !huge_fault {
+                end = end.min(range.page_of(pmd_start(page_addr + PMD_SIZE / 2) + PMD_SIZE));
+            }
+            let want = w
+                .streak
+                .clamp(1 << tuning.max_order, 1 << opts.ahead_order.max(tuning.max_order));
+            // In whole PMDs of the address space, within the range.
+            let (from, to) = (
+                range.addr_of(end),
+                pmd_start(range.addr_of((end + want).min(range.pages))),
+            );
+            if from % PMD_SIZE == 0 && to > from {
+                ahead = Some((end, range.page_of(to)));
+            }
+            predictor.installed_until(ahead.map_or(end, |(_, a1)| a1));
         }
         Stats::add(
             match w.outcome {
@@ -128,6 +188,7 @@ impl<K: Kernel> Handler<'_, K> {
             end,
             write,
             outcome: w.outcome,
+            ahead,
         })
     }
 }

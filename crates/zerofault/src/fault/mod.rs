@@ -16,6 +16,8 @@
 //!    (`fill_zeropage`), no pool page spent. Runs and pieces go in last to first, so that the
 //!    thread is woken once its window is complete; it is woken explicitly if no install
 //!    covered it. A window refused whole at the end of its mapping goes in as halving pieces.
+//! 4. [`ahead`]: a confirmed stream's window ahead (by default part of the window itself,
+//!    installed before the wake; with `ahead=wake`, installed here after it).
 //!
 //! Partial progress: EEXIST skips one present destination page; ENOENT on a move skips one
 //! source hole (checked with mincore, so that a vanished destination is not mistaken for a
@@ -31,6 +33,7 @@
 //! The ioctls go through [`Kernel`], so that the install policy is unit-tested against a fake
 //! (`tests.rs`) without a real userfaultfd.
 
+mod ahead;
 mod handler;
 mod install;
 mod locate;

@@ -152,7 +152,12 @@ fn opts(pool: bool) -> Options {
 /// A detached engine state with a range of `pages` pages at [`BASE`] and `small` pages ready
 /// in the small ring (and `huge` huge pages in the huge ring, which `huge > 0` creates).
 fn state(pool: bool, pages: u64, small: u64, huge: u64) -> Shared {
-    let s = Shared::detached(opts(pool), huge > 0);
+    state_with(opts(pool), pages, small, huge)
+}
+
+/// [`state`] with knobs of the test's own.
+fn state_with(o: Options, pages: u64, small: u64, huge: u64) -> Shared {
+    let s = Shared::detached(o, huge > 0);
     s.ranges.insert(BASE, pages, None);
     if let Some(p) = &s.pool {
         while p.small.available() < small {
@@ -480,4 +485,109 @@ fn the_doorbell_stops_the_handler_only_once_its_page_is_in() {
         let zeropages = k.calls().iter().filter(|c| c.0 == Verb::Zeropage).count();
         assert_eq!(zeropages, if rung { 3 } else { 1 + 8 }, "retried after draining events");
     }
+}
+
+/// Faults a sequential writer (thread 1) at the page after everything installed so far, `n`
+/// times; returns the pages each fault installed (window and window ahead, with `fault`).
+fn stream(h: &mut Handler<'_, Fake>, s: &Shared, n: usize) -> Vec<u64> {
+    let r = s.ranges.find(BASE).unwrap();
+    let mut got = vec![];
+    for _ in 0..n {
+        let before = r.map.count();
+        h.fault(page(before), true, 1);
+        got.push(r.map.count() - before);
+    }
+    got
+}
+
+#[test]
+fn a_confirmed_stream_installs_whole_pmds_ahead_as_far_as_it_has_written() {
+    use crate::options::AheadMode;
+    // 256 MiB, a pool of 4 KiB pages only (64 MiB, all ready): the window sizes alone.
+    let big = |ahead| Options {
+        ahead,
+        pool_max: 64 << 20,
+        ..opts(true)
+    };
+    let s = state_with(big(AheadMode::Fault), 1 << 16, 16384, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let got = stream(&mut h, &s, 8);
+    // 16, 64, 256, 1024 as before; the first 2048 window is confirmed, and already goes as far
+    // as the stream has written (1360 pages). From then on each window goes on to the PMD
+    // boundary below twice what the stream has written: page 3408 + 3408 = 6816 rounds down
+    // to 6656 (3248 pages), then 13312 (6656 pages). The next would be 2^13 pages
+    // (ahead_order), but only 3072 pages are left in the pool: the window ahead ends where
+    // they do.
+    assert_eq!(got, [16, 64, 256, 1024, 2048, 3248, 6656, 3072]);
+    let st = s.stats.snapshot();
+    assert_eq!(
+        (st.predict_misses, st.predict_hits),
+        (0, 7),
+        "every fault where the stream expected it"
+    );
+    assert_eq!((st.ahead_windows, st.pages_copied), (3, 0));
+    assert!(
+        got.iter().sum::<u64>() % 512 == 0,
+        "windows ahead end on PMD boundaries"
+    );
+
+    // Off: windows of 2048 pages at most.
+    let s = state_with(big(AheadMode::Off), 1 << 16, 16384, 0);
+    let mut h = Handler::new(&s, &k);
+    let got = stream(&mut h, &s, 7);
+    assert_eq!(got, [16, 64, 256, 1024, 2048, 2048, 2048]);
+    assert_eq!(s.stats.snapshot().ahead_windows, 0);
+}
+
+#[test]
+fn a_window_ahead_after_the_wake_moves_huge_pages_in_address_order_and_yields_to_a_fault() {
+    use crate::options::AheadMode;
+    let o = Options {
+        ahead: AheadMode::Wake,
+        ..opts(true)
+    };
+    let s = state_with(o, 1 << 14, 1024, 6);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let r = s.ranges.find(BASE).unwrap();
+    let got = stream(&mut h, &s, 5);
+    // With huge pages the 1024 window is stretched to end one page short of a PMD boundary
+    // (predict.rs). Confirmed at the fifth fault (page 1535, the last of its PMD): its own
+    // window ends at the PMD boundary after the next one (page 2048: with one page to write
+    // the woken thread would overtake the handler), then 2048 pages ahead in whole PMDs.
+    assert_eq!(got[..4], [16, 64, 256, 1199]);
+    assert_eq!(got[4], 2048 - 1535 + 2048);
+    let calls = k.calls();
+    let ahead: Vec<_> = calls.iter().rev().take(4).rev().copied().collect();
+    assert_eq!(
+        ahead,
+        (0..4)
+            .map(|i| (Verb::Move, page(2048) + i * PMD_SIZE, PMD_SIZE))
+            .collect::<Vec<_>>(),
+        "huge pages, first to last, after the window: {calls:x?}"
+    );
+    let st = s.stats.snapshot();
+    assert_eq!((st.ahead_windows, st.ahead_pages, st.ahead_stops), (1, 2048, 0));
+
+    // A fault waiting on the descriptor: the window ahead stops before its first huge page,
+    // releases its claim, and the stream expects its next fault where it stopped.
+    k.pending.borrow_mut().push_back(Msg::PageFault {
+        addr: page(9000),
+        write: true,
+        tid: 2,
+    });
+    let before = r.map.count();
+    h.fault(page(before), true, 1);
+    assert_eq!(
+        r.map.count() - before,
+        512,
+        "its own window only (the fault's whole PMD)"
+    );
+    assert_eq!(h.deferred.len(), 1, "the waiting fault is handled next");
+    let st = s.stats.snapshot();
+    assert_eq!((st.ahead_windows, st.ahead_stops), (2, 1));
+    let misses = st.predict_misses;
+    stream(&mut h, &s, 1);
+    assert_eq!(s.stats.snapshot().predict_misses, misses, "the next fault is a hit");
 }
