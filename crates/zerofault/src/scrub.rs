@@ -261,6 +261,9 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
             consumed = whole;
         }
         dirty.consume(consumed);
+        if dirty.is_huge() {
+            pool.huge_demand_met(consumed / PMD_PAGES);
+        }
         Stats::add(&stats.pages_scrubbed, consumed);
         if hot {
             Stats::add(&stats.pages_scrubbed_hot, consumed);
