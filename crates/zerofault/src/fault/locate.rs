@@ -111,50 +111,48 @@ impl<K: Kernel> Handler<'_, K> {
         }
         let mut ahead = None;
         let confirmed = w.outcome == Outcome::Hit && w.order >= tuning.max_order;
-        if opts.ahead == AheadMode::Fault && confirmed {
-            // A confirmed stream: its window goes on to whole PMDs, as many pages as it has
-            // written so far (at least its window, at most 2^ahead_order), all installed
-            // before the thread is woken; but only as far as the pool's ready huge pages (or,
-            // without a huge ring, 4 KiB pages) reach: making each huge page here, 0.2-4 ms,
-            // would hold every other thread's fault behind this one.
+        if confirmed && opts.ahead != AheadMode::Off {
+            // A confirmed stream: a window ahead of as many pages as it has written so far
+            // (at least its window, at most 2^ahead_order), in whole PMDs of the address
+            // space (see ahead.rs).
             let want = w
                 .streak
                 .clamp(1 << tuning.max_order, 1 << opts.ahead_order.max(tuning.max_order));
-            let target = (page + want).min(page + ready).min(range.pages);
-            let cut = pmd_start(range.addr_of(target));
-            let to = if target == range.pages {
-                target
-            } else if cut > range.addr_of(end) {
-                range.page_of(cut)
+            if opts.ahead == AheadMode::Fault {
+                // Part of this window, installed before the thread is woken; but only as far
+                // as the pool's ready huge pages (or, without a huge ring, 4 KiB pages) reach:
+                // making each huge page here, 0.2-4 ms, would hold every other thread's fault
+                // behind this one.
+                let target = (page + want).min(page + ready).min(range.pages);
+                let cut = pmd_start(range.addr_of(target));
+                let to = if target == range.pages {
+                    target
+                } else if cut > range.addr_of(end) {
+                    range.page_of(cut)
+                } else {
+                    end
+                };
+                if to > end {
+                    Stats::add(&stats.ahead_windows, 1);
+                    Stats::add(&stats.ahead_pages, to - end);
+                    end = to;
+                }
             } else {
-                end
-            };
-            if to > end {
-                Stats::add(&stats.ahead_windows, 1);
-                Stats::add(&stats.ahead_pages, to - end);
-                end = to;
-            }
-            predictor.installed_until(end);
-        } else if opts.ahead == AheadMode::Wake && confirmed {
-            // A confirmed stream: the thread waits only for the pages up to the end of its
-            // PMD, and the next PMD if fewer than half a PMD's are left in its own, so that
-            // it has work while the handler starts on the window ahead (woken with one page
-            // to write, it overtook the handler at once); a huge fault's window is whole PMDs
-            // already. Whole huge pages follow while it writes, as many as it has written so
-            // far, at least a window, at most 2^ahead_order.
-            if !huge_fault {
-                end = end.min(range.page_of(pmd_start(page_addr + PMD_SIZE / 2) + PMD_SIZE));
-            }
-            let want = w
-                .streak
-                .clamp(1 << tuning.max_order, 1 << opts.ahead_order.max(tuning.max_order));
-            // In whole PMDs of the address space, within the range.
-            let (from, to) = (
-                range.addr_of(end),
-                pmd_start(range.addr_of((end + want).min(range.pages))),
-            );
-            if from % PMD_SIZE == 0 && to > from {
-                ahead = Some((end, range.page_of(to)));
+                // After the wake: the thread waits only for the pages up to the end of its PMD,
+                // and the next PMD if fewer than half a PMD's are left in its own, so that it
+                // has work while the handler starts on the window ahead (woken with one page
+                // to write, it overtook the handler at once); a huge fault's window is whole
+                // PMDs already.
+                if !huge_fault {
+                    end = end.min(range.page_of(pmd_start(page_addr + PMD_SIZE / 2) + PMD_SIZE));
+                }
+                let (from, to) = (
+                    range.addr_of(end),
+                    pmd_start(range.addr_of((end + want).min(range.pages))),
+                );
+                if from % PMD_SIZE == 0 && to > from {
+                    ahead = Some((end, range.page_of(to)));
+                }
             }
             predictor.installed_until(ahead.map_or(end, |(_, a1)| a1));
         }
