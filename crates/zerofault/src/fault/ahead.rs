@@ -46,6 +46,8 @@ impl<K: Kernel> Handler<'_, K> {
         while at < end && self.fatal.is_none() {
             let addr = range.addr_of(at);
             let n = PMD_PAGES.min(end - at);
+            // locate gives whole PMDs of the address space.
+            debug_assert!(addr % PMD_SIZE == 0 && n == PMD_PAGES, "{addr:#x} {n}");
             if addr + bytes(n) > mapping_end
                 || (write && (range.pmds.has_table(addr) || !self.huge_ready()))
                 || self.fault_waiting()
