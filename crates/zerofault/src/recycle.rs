@@ -46,9 +46,15 @@ use std::time::Instant;
 /// Pages the scrub zeroes and moves on in one step: one 2 MiB batch, one fence.
 pub(crate) const BATCH_PAGES: u64 = PMD_PAGES;
 
-/// Moves retried after an EAGAIN that moved nothing: an event is pending (mmap_changing), for
-/// the handler to read, which takes it microseconds; each retry yields the CPU first.
-pub(crate) const AGAIN_RETRIES: u32 = 64;
+/// How long a move is retried after an EAGAIN that moved nothing: an event is pending
+/// (mmap_changing) for the handler to read. It reads it within microseconds when idle, but
+/// not while it makes a huge page itself (0.2-4 ms on this guest): with 64 quick retries, a
+/// two-thread allocate/free loop discarded up to a fifth of the pages it freed (4 runs of 12,
+/// the binary before windows ahead included). Yields the CPU between tries, then sleeps.
+pub(crate) const AGAIN_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
+/// Tries that only yield before the retries sleep ([`AGAIN_NAP`] each).
+const AGAIN_YIELDS: u32 = 64;
+const AGAIN_NAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// Source pages a recycle call skips after EBUSY (pages shared with a forked child) before
 /// it leaves the rest of the range to `MADV_DONTNEED`.
@@ -154,6 +160,7 @@ impl DirtyRing {
             // Slots of this segment used so far.
             let mut d = 0;
             let mut again = 0;
+            let mut again_since: Option<Instant> = None;
             while d < want && got.consumed < n {
                 let len = (want - d).min(n - got.consumed);
                 let p = mv(dst + bytes(d), src + bytes(got.consumed), bytes(len));
@@ -169,9 +176,15 @@ impl DirtyRing {
                     Some(Errno(libc::EEXIST)) => d += 1,
                     // A hole in the source: nothing to move there.
                     Some(Errno(libc::ENOENT)) => got.consumed += 1,
-                    Some(Errno(libc::EAGAIN)) if again < AGAIN_RETRIES => {
+                    Some(Errno(libc::EAGAIN))
+                        if again_since.get_or_insert_with(Instant::now).elapsed() < AGAIN_WAIT =>
+                    {
                         again += 1;
-                        std::thread::yield_now();
+                        if again < AGAIN_YIELDS {
+                            std::thread::yield_now();
+                        } else {
+                            std::thread::sleep(AGAIN_NAP);
+                        }
                     }
                     Some(e) => {
                         got.refused = Some(e);

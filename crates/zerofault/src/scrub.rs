@@ -293,6 +293,10 @@ fn trade(shared: &Shared, pool: &Pool, dirty: &DirtyRing, addr: usize) -> bool {
     }
 }
 
+/// Moves retried, each after a yield, after an EAGAIN that moved nothing (an event pending for
+/// the handler): the batch is tried again on a later round if they run out.
+const AGAIN_RETRIES: u32 = 64;
+
 /// Moves `k` zeroed pages from `src` into the `n` free clean slots at `dst`: (slots filled,
 /// source pages used). A slot that holds a page already holds a zero one (see
 /// `Ring::fill_with`) and counts as filled; a source hole is skipped.
@@ -312,7 +316,7 @@ fn move_zeroed(u: &Uffd, dst: usize, n: u64, src: usize, k: u64, huge: bool) -> 
             Some(Errno(libc::EEXIST)) if huge => d = (d + 1).next_multiple_of(PMD_PAGES),
             Some(Errno(libc::EEXIST)) => d += 1,
             Some(Errno(libc::ENOENT)) => s += 1,
-            Some(Errno(libc::EAGAIN)) if again < crate::recycle::AGAIN_RETRIES => {
+            Some(Errno(libc::EAGAIN)) if again < AGAIN_RETRIES => {
                 again += 1;
                 std::thread::yield_now();
             }
