@@ -111,8 +111,9 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
                     copies on the faulting path (no prezeroing, seeds 002/003); \
                     `start_order=0:max_order=0` serves one page per fault (no anticipatory \
                     prefault, seed 000); `start_order=0:order_step=1:max_order=3` is seed 000's \
-                    own setting (1, 2, 4, 8 pages); `pool_thp=off` moves 4 KiB pages only (no \
-                    huge pages for the whole PMDs of a window), warm and cold.",
+                    own setting (1, 2, 4, 8 pages); `ahead=off` installs no window ahead (each \
+                    fault at most 8 MiB); `pool_thp=off` moves 4 KiB pages only (no huge pages \
+                    for the whole PMDs of a window), warm and cold.",
             args: BenchArgs {
                 modes: vec![
                     Mode::plain(Base::Native),
@@ -120,6 +121,7 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
                     variant("engine:pool=off"),
                     variant("engine:start_order=0:max_order=0"),
                     variant("engine:start_order=0:order_step=1:max_order=3"),
+                    variant("engine:ahead=off"),
                     variant("engine:pool_thp=off"),
                     Mode::plain(Base::EngineCold),
                     variant("engine-cold:pool_thp=off"),
@@ -424,13 +426,18 @@ mod tests {
         assert_eq!(names, ["native", "thp", "populate", "engine", "engine-cold", "floor"]);
         assert_eq!(s[1].args.pattern, Pattern::Random);
         assert_eq!((s[2].args.pattern, s[2].args.touch), (Pattern::Random, 0.05));
-        for m in ["engine:pool=off", "engine:pool_thp=off", "engine-cold:pool_thp=off"] {
+        for m in [
+            "engine:pool=off",
+            "engine:ahead=off",
+            "engine:pool_thp=off",
+            "engine-cold:pool_thp=off",
+        ] {
             assert!(s[3].args.modes.iter().any(|x| x.name() == m), "{m}");
         }
         assert_eq!(s[4].args.loops, 10, "seed 003's benchmark");
         assert!(s[4].args.modes.iter().any(|x| x.name() == "engine-cold:recycle=off"));
         let runs: usize = s.iter().map(|x| x.args.runs()).sum();
-        assert_eq!(runs, 3 * (14 * 6 + 2 * 6 + 2 * 6 + 2 * 9 + 2 * 6));
+        assert_eq!(runs, 3 * (14 * 6 + 2 * 6 + 2 * 6 + 2 * 10 + 2 * 6));
     }
 
     #[test]
