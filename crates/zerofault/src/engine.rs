@@ -9,6 +9,7 @@
 use crate::options::{OptionError, Options};
 use crate::page::pages;
 use crate::pool::Pool;
+use crate::predict::Predictors;
 use crate::region::RangeTable;
 use crate::region::Region;
 use crate::scrub::ScrubCtl;
@@ -82,9 +83,10 @@ pub(crate) struct Shared {
     pub(crate) features: Features,
     pub(crate) ranges: RangeTable,
     pub(crate) pool: Option<Pool>,
-    /// One 2 MiB `MADV_HUGEPAGE` area where the handler prepares a huge page when the huge ring
-    /// is empty. `Some` exactly when whole PMDs get huge pages.
-    pub(crate) stage: Option<mman::Mapping>,
+    /// One 2 MiB `MADV_HUGEPAGE` area per handler, where it prepares a huge page when the huge
+    /// ring is empty (handlers prepare them in parallel). Empty unless whole PMDs get huge
+    /// pages.
+    pub(crate) stage: Vec<mman::Mapping>,
     pub(crate) zero: ZeroSource,
     pub(crate) stats: StatsHome,
     pub(crate) scrub: ScrubCtl,
@@ -98,14 +100,23 @@ pub(crate) struct Shared {
     /// The pool is emptied and not refilled, and faults are served by copies (see
     /// [`Engine::pause_pool`]).
     pub(crate) pool_paused: AtomicBool,
-    /// One registered page outside every range: [`Engine`]'s drop reads it, and the fault it
-    /// takes wakes the handler to see `stopping` (the engine holds no descriptor but the
-    /// userfaultfd). `PROT_NONE` until then, so that nothing else faults on it
+    /// One registered page per handler, outside every range, from this address on:
+    /// [`Engine`]'s drop reads them one after the other, and each fault wakes one handler to
+    /// see `stopping` and leave after answering it (the engine holds no descriptor but the
+    /// userfaultfd). `PROT_NONE` until then, so that nothing else faults on them
     /// (`mlockall(MCL_CURRENT)` populates every accessible mapping).
     pub(crate) doorbell: usize,
-    /// Odd while the handler is inside one message (bumped on entry and on exit), so that
-    /// [`Engine::stats`] can wait for the counts of the install that woke its caller.
-    pub(crate) handling: AtomicU64,
+    /// One bracket per handler: odd while that handler is inside one message (bumped on entry
+    /// and on exit), so that [`Engine::stats`] can wait for the counts of the install that
+    /// woke its caller. Its length is the number of handlers.
+    pub(crate) handling: Box<[AtomicU64]>,
+    /// Events (REMOVE, UNMAP, REMAP) read so far by any handler: a handler's cached view of
+    /// the mappings is stale once this moved.
+    pub(crate) events: AtomicU64,
+    /// The window predictors of every (range, thread), shared by the handlers.
+    pub(crate) predictors: Predictors,
+    /// The window each handler is installing (see [`fault::Inflight`]).
+    pub(crate) inflight: Box<[fault::Inflight]>,
     next_region: AtomicU64,
     /// Held across every change of both the table and the kernel's registration (a range
     /// registered, released, or handed back), so that the two agree: a hand-back of a range
@@ -118,6 +129,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Whether `page_addr` is one of the handlers' doorbell pages.
+    pub(crate) fn is_doorbell(&self, page_addr: usize) -> bool {
+        page_addr.wrapping_sub(self.doorbell) < self.handling.len() * PAGE_SIZE
+    }
+
     /// Closes the userfaultfd: blocked faults are woken and every later fault is the kernel's.
     pub(crate) fn fail_open(&self) {
         self.failed.store(true, Release);
@@ -170,7 +186,7 @@ impl Shared {
 #[derive(Debug)]
 pub struct Engine {
     shared: Arc<Shared>,
-    handler: Option<EngineThread>,
+    handlers: Vec<EngineThread>,
     scrubber: Option<EngineThread>,
 }
 
@@ -207,12 +223,14 @@ impl Engine {
         sys::thread::prepare().map_err(|e| EngineError::Thread(io::Error::other(e)))?;
         let uffd = Uffd::open().map_err(EngineError::Uffd)?;
         let features = uffd.features();
-        let doorbell = mman::map_aligned(PAGE_SIZE, PAGE_SIZE, libc::PROT_NONE, true).map_err(EngineError::Map)?;
-        // SAFETY: the doorbell is our own fresh page; its one fault is answered by the handler
-        // (or, the descriptor closed, by the kernel).
-        if let Err(e) = unsafe { uffd.register(doorbell, PAGE_SIZE) } {
-            // SAFETY: our own page, known to nobody yet.
-            let _ = unsafe { mman::unmap(doorbell, PAGE_SIZE) };
+        let handlers = opts.handler_count();
+        let bells = handlers * PAGE_SIZE;
+        let doorbell = mman::map_aligned(bells, PAGE_SIZE, libc::PROT_NONE, true).map_err(EngineError::Map)?;
+        // SAFETY: the doorbells are our own fresh pages; each one's fault is answered by a
+        // handler (or, the descriptor closed, by the kernel).
+        if let Err(e) = unsafe { uffd.register(doorbell, bells) } {
+            // SAFETY: our own pages, known to nobody yet.
+            let _ = unsafe { mman::unmap(doorbell, bells) };
             return Err(EngineError::Register(e.into()));
         }
         let pool = if opts.pool && features.has(Features::MOVE) {
@@ -221,15 +239,15 @@ impl Engine {
         } else {
             None
         };
-        let stage = match pool.as_ref().filter(|p| p.huge.is_some()) {
-            Some(_) => {
+        let mut stage = Vec::new();
+        if pool.as_ref().is_some_and(|p| p.huge.is_some()) {
+            for _ in 0..handlers {
                 let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(EngineError::Map)?;
                 // SAFETY: the staging area is ours; a forked child has no use for it.
                 let _ = unsafe { mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK) };
-                Some(m)
+                stage.push(m);
             }
-            None => None,
-        };
+        }
         let zero = ZeroSource::new().map_err(EngineError::Map)?;
         // Recycled pages move into the rings, which the kernel allows only into ranges
         // registered with the userfaultfd. Registered last, when nothing can fail before the
@@ -259,24 +277,31 @@ impl Engine {
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             doorbell,
-            handling: AtomicU64::new(0),
+            handling: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
+            events: AtomicU64::new(0),
+            predictors: Predictors::default(),
+            inflight: (0..handlers).map(|_| fault::Inflight::default()).collect(),
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,
         });
-        let spawn = |name: &str, body: fn(Arc<Shared>)| {
-            let s = shared.clone();
-            sys::thread::spawn(name, Box::new(move || body(s))).map_err(EngineError::Thread)
-        };
-        // Built before spawning, so that a failed spawn drops an Engine that stops what started.
+        // Built before spawning, so that a failed spawn drops an Engine that stops what started
+        // (its drop rings every doorbell: those of handlers that never started are answered
+        // by the others, or by the kernel once the descriptor is closed).
         let mut engine = Engine {
             shared: shared.clone(),
-            handler: None,
+            handlers: Vec::with_capacity(handlers),
             scrubber: None,
         };
-        engine.handler = Some(spawn("zerofault-fault", fault::run)?);
+        for i in 0..handlers {
+            let s = shared.clone();
+            let t = sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i)));
+            engine.handlers.push(t.map_err(EngineError::Thread)?);
+        }
         if shared.pool.is_some() {
-            engine.scrubber = Some(spawn("zerofault-scrub", scrub::run)?);
+            let s = shared.clone();
+            let t = sys::thread::spawn("zerofault-scrub", Box::new(move || scrub::run(s)));
+            engine.scrubber = Some(t.map_err(EngineError::Thread)?);
         }
         Ok(engine)
     }
@@ -485,12 +510,13 @@ impl Engine {
     /// Every mapping the engine made for itself (pool rings, staging area, zero source,
     /// doorbell, thread stacks), as (address, length).
     pub fn own_mappings(&self) -> Vec<(usize, usize)> {
-        let mut v = vec![(self.shared.doorbell, PAGE_SIZE), self.shared.zero.area()];
+        let bells = self.shared.handling.len() * PAGE_SIZE;
+        let mut v = vec![(self.shared.doorbell, bells), self.shared.zero.area()];
         if let Some(p) = &self.shared.pool {
             v.extend(p.areas());
         }
-        v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
-        v.extend([&self.handler, &self.scrubber].into_iter().flatten().map(|t| t.area()));
+        v.extend(self.shared.stage.iter().map(|m| (m.as_ptr() as usize, m.len())));
+        v.extend(self.handlers.iter().chain(&self.scrubber).map(|t| t.area()));
         v
     }
 
@@ -552,7 +578,7 @@ impl Engine {
         if let Some(p) = &self.shared.pool {
             v.extend(p.areas());
         }
-        v.extend(self.shared.stage.as_ref().map(|m| (m.as_ptr() as usize, m.len())));
+        v.extend(self.shared.stage.iter().map(|m| (m.as_ptr() as usize, m.len())));
         v
     }
 
@@ -575,14 +601,16 @@ impl Engine {
     /// call: an install wakes the faulting thread before the handler has counted it, so a
     /// snapshot taken while the handler is inside a message waits (at most 50 ms) for it.
     pub fn stats(&self) -> Snapshot {
-        let g = self.shared.handling.load(SeqCst);
-        if g % 2 == 1 {
-            let t0 = std::time::Instant::now();
-            while self.shared.handling.load(SeqCst) == g
-                && !self.shared.failed.load(Acquire)
-                && t0.elapsed() < std::time::Duration::from_millis(50)
-            {
-                std::thread::yield_now();
+        let t0 = std::time::Instant::now();
+        for bracket in self.shared.handling.iter() {
+            let g = bracket.load(SeqCst);
+            if g % 2 == 1 {
+                while bracket.load(SeqCst) == g
+                    && !self.shared.failed.load(Acquire)
+                    && t0.elapsed() < std::time::Duration::from_millis(50)
+                {
+                    std::thread::yield_now();
+                }
             }
         }
         self.shared.stats.snapshot()
@@ -608,16 +636,19 @@ impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stopping.store(true, Release);
         self.shared.scrub.kick();
-        if self.handler.is_some() {
-            // The handler answers this read's fault and then sees `stopping`; with the
-            // userfaultfd already closed (failed open) the kernel answers it.
-            // SAFETY: the doorbell is the engine's own page, read only below.
-            let _ = unsafe { mman::protect(self.shared.doorbell, PAGE_SIZE, libc::PROT_READ) };
-            // SAFETY: the doorbell is our own mapped page, readable now; reading it maps the
-            // zero page.
-            unsafe { std::ptr::read_volatile(self.shared.doorbell as *const u8) };
+        let bells = self.shared.handling.len() * PAGE_SIZE;
+        if !self.handlers.is_empty() {
+            // Each read's fault is answered by one handler, which then sees `stopping` and
+            // leaves; so one read per handler stops them all, one after the other. With the
+            // userfaultfd already closed (failed open) the kernel answers them.
+            // SAFETY: the doorbells are the engine's own pages, read only below.
+            let _ = unsafe { mman::protect(self.shared.doorbell, bells, libc::PROT_READ) };
+            for i in 0..self.shared.handling.len() {
+                // SAFETY: our own mapped pages, readable now; reading one maps the zero page.
+                unsafe { std::ptr::read_volatile((self.shared.doorbell + i * PAGE_SIZE) as *const u8) };
+            }
         }
-        if let Some(t) = self.handler.take() {
+        for t in self.handlers.drain(..) {
             t.join();
         }
         // Closing the descriptor hands every registered range back to the kernel. Before the
@@ -632,8 +663,8 @@ impl Drop for Engine {
         if let Some(p) = &self.shared.pool {
             p.release_all();
         }
-        // SAFETY: the doorbell is the engine's own page; both threads are joined.
-        let _ = unsafe { mman::unmap(self.shared.doorbell, PAGE_SIZE) };
+        // SAFETY: the doorbells are the engine's own pages; every thread is joined.
+        let _ = unsafe { mman::unmap(self.shared.doorbell, bells) };
     }
 }
 
@@ -647,7 +678,9 @@ impl Shared {
         let stage = pool
             .as_ref()
             .filter(|p| p.huge.is_some())
-            .map(|_| mman::Mapping::new(PMD_SIZE, mman::Thp::Always).expect("staging area"));
+            .map(|_| mman::Mapping::new(PMD_SIZE, mman::Thp::Always).expect("staging area"))
+            .into_iter()
+            .collect();
         Shared {
             stage,
             uffd: RwLock::new(None),
@@ -662,7 +695,10 @@ impl Shared {
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             doorbell: 0,
-            handling: AtomicU64::new(0),
+            handling: Box::new([AtomicU64::new(0)]),
+            events: AtomicU64::new(0),
+            predictors: Predictors::default(),
+            inflight: Box::new([fault::Inflight::default()]),
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,

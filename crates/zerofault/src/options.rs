@@ -100,6 +100,25 @@ impl Kind for Count {
     }
 }
 
+/// A thread count, or `auto` (0: chosen from the CPUs the process may run on).
+pub struct Threads;
+impl Kind for Threads {
+    type Value = u8;
+    const ACCEPTS: &'static str = "auto, or an integer 1..=32";
+    fn parse(s: &str) -> Option<u8> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Some(0);
+        }
+        s.parse::<u8>().ok().filter(|n| (1..=32).contains(n))
+    }
+    fn show(v: &u8) -> String {
+        match v {
+            0 => "auto".into(),
+            n => n.to_string(),
+        }
+    }
+}
+
 /// A load-average threshold per CPU, or off.
 pub struct Load;
 impl Kind for Load {
@@ -408,8 +427,12 @@ options! {
     /// Unpredicted faults in a row, in one region, after which the part of the region they
     /// fell in is handed back to the kernel (unregistered). 0 never hands back.
     handback_misses: Count = "8",
-    /// Testing only: the fault handler panics on this fault event (0 = never), to exercise
-    /// fail-open.
+    /// Fault handler threads reading the one userfaultfd; each serves whichever fault it
+    /// reads. `auto`: one per 8 online CPUs, at least 1, at most 8 (docs/SCALING.md has the
+    /// measurements behind it).
+    handlers: Threads = "auto",
+    /// Testing only: the (first) fault handler panics on this fault event of its own (0 =
+    /// never), to exercise fail-open.
     panic_after: Count = "0",
     /// LD_PRELOAD shim: anonymous private mmaps and malloc-family blocks at least this large
     /// are served by the engine; smaller ones go to the system untouched. At least one page
@@ -430,6 +453,15 @@ options! {
 }
 
 impl Options {
+    /// The fault handler threads to start: `handlers`, or for `auto` one per 8 online CPUs,
+    /// 1 to 8.
+    pub fn handler_count(&self) -> usize {
+        match self.handlers {
+            0 => (crate::sys::thread::online_cpus() / 8).clamp(1, 8),
+            n => usize::from(n),
+        }
+    }
+
     /// A knob's table name from any accepted spelling: `max-order`, `MAX_ORDER`,
     /// `ZEROFAULT_MAX_ORDER` -> `max_order`.
     pub fn canonical(name: &str) -> String {

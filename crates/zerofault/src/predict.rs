@@ -32,6 +32,9 @@
 //!
 
 use crate::page::PMD_PAGES;
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Mutex, MutexGuard};
 
 /// Streams tracked per thread and region.
 pub(crate) const STREAMS: usize = 4;
@@ -177,11 +180,127 @@ impl Predictor {
     }
 }
 
+/// Shards of [`Predictors`] (a power of two).
+const SHARDS: usize = 16;
+/// Predictor entries kept per shard before the shard is reset (threads and ranges come and go).
+const MAX_PER_SHARD: usize = 256;
+
+/// A key's hasher: the key is two integers already well spread (a range id, a thread id), so a
+/// multiply mixes them enough; and it reads no random seed (std's `RandomState` reads a
+/// thread-local one, which the LD_PRELOAD shim avoids before `main`).
+#[derive(Default)]
+pub(crate) struct KeyHasher(u64);
+
+impl Hasher for KeyHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u64(&mut self, v: u64) {
+        self.0 = (self.0.rotate_left(29) ^ v).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+    fn write_u32(&mut self, v: u32) {
+        self.write_u64(u64::from(v));
+    }
+}
+
+type Shard = HashMap<(u64, u32), Predictor, BuildHasherDefault<KeyHasher>>;
+
+/// Pads a shard's lock to its own cache line pair, so that handlers locking different shards
+/// do not share a line.
+#[repr(align(128))]
+#[derive(Default)]
+struct Padded(Mutex<Shard>);
+
+/// The predictors of every (range, thread), shared by the fault handler threads: the kernel
+/// gives a fault to whichever handler reads it first, so one stream's faults land on different
+/// handlers, and a predictor per handler would see every other fault as a miss. Sharded by the
+/// key, one small lock per shard and no global one; a thread has one fault outstanding at a
+/// time, so two handlers meet on one entry only when they serve two threads whose keys share a
+/// shard, for the microsecond a window takes to predict.
+#[derive(Default)]
+pub(crate) struct Predictors {
+    shards: [Padded; SHARDS],
+}
+
+impl std::fmt::Debug for Predictors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Predictors")
+    }
+}
+
+/// One locked shard of [`Predictors`], holding the entry of one key.
+pub(crate) struct Entry<'a> {
+    shard: MutexGuard<'a, Shard>,
+    key: (u64, u32),
+}
+
+impl Entry<'_> {
+    /// The predictor of the key (new if it had none).
+    pub(crate) fn get(&mut self) -> &mut Predictor {
+        self.shard.entry(self.key).or_default()
+    }
+}
+
+impl Predictors {
+    /// Locks the shard of thread `tid` in range `id`; held while a window is predicted.
+    pub(crate) fn lock(&self, id: u64, tid: u32) -> Entry<'_> {
+        let mut h = KeyHasher::default();
+        h.write_u64(id);
+        h.write_u32(tid);
+        let i = (h.finish() >> 32) as usize % SHARDS;
+        let mut shard = self.shards[i].0.lock().unwrap_or_else(|e| e.into_inner());
+        if shard.len() >= MAX_PER_SHARD && !shard.contains_key(&(id, tid)) {
+            shard.clear();
+        }
+        Entry { shard, key: (id, tid) }
+    }
+
+    /// Entries held, over every shard.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.0.lock().unwrap_or_else(|e| e.into_inner()).len())
+            .sum()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const T: Tuning = crate::testing::TUNING;
+
+    /// The shared table keeps a stream's state whichever handler locks it next, spreads keys
+    /// over its shards, and bounds each shard.
+    #[test]
+    fn the_shared_table_keeps_streams_across_locks_and_bounds_its_shards() {
+        let t = Predictors::default();
+        assert_eq!(t.lock(1, 7).get().on_fault(0, 1 << 20, &T).outcome, Outcome::Start);
+        let w = t.lock(1, 7).get().on_fault(16, 1 << 20, &T);
+        assert_eq!(w.outcome, Outcome::Hit, "the second lock sees the first's stream");
+        assert_eq!(t.lock(1, 8).get().on_fault(16, 1 << 20, &T).outcome, Outcome::Start);
+        assert_eq!(t.len(), 2);
+        // Thread ids in a row spread over every shard.
+        let used: std::collections::HashSet<usize> = (0..256u32)
+            .map(|tid| {
+                let mut h = KeyHasher::default();
+                h.write_u64(3);
+                h.write_u32(tid);
+                (h.finish() >> 32) as usize % SHARDS
+            })
+            .collect();
+        assert_eq!(used.len(), SHARDS);
+        for tid in 0..u32::try_from(SHARDS * MAX_PER_SHARD * 4).unwrap() {
+            t.lock(2, tid).get();
+        }
+        assert!(t.len() <= SHARDS * MAX_PER_SHARD, "{}", t.len());
+    }
 
     #[test]
     fn sequential_faults_grow_the_window_to_the_max_order() {

@@ -190,8 +190,14 @@ counters! {
     unknown_faults,
     /// CPU time of the scrub thread, in nanoseconds.
     scrub_cpu_ns,
-    /// CPU time of the fault handler thread, in nanoseconds.
+    /// CPU time of the fault handler threads, in nanoseconds (summed over them).
     handler_cpu_ns,
+    /// Fault events served by handlers other than the first (`handlers` above 1): how much
+    /// of the work the others took.
+    faults_on_other_handlers,
+    /// Faults read by one handler on a page in the window another was installing: it waited
+    /// for that install instead of putting a 4 KiB page there.
+    faults_in_other_windows,
     /// Scrub rounds skipped because the load average was above scrub_load.
     scrub_load_skips,
     /// Handler threads that panicked (the engine then failed open).

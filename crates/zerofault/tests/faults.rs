@@ -738,3 +738,152 @@ fn a_16_tib_reservation_with_1_gib_touched_costs_little_metadata_all_returned_on
     drop(e);
     println!("CHILD-OK");
 }
+
+// ---- several handlers ---------------------------------------------------------------------------
+
+/// Four threads in one region with `handlers` = 1, 2 and 4: each writes its quarter (faults of
+/// one stream land on any handler), discards half of it (REMOVE events while the others fault),
+/// writes that half again, and maps, touches and unmaps small regions (UNMAP events) meanwhile.
+/// Every page reads zero before its first write and keeps what was written; with more than one
+/// handler the others served faults too; and dropping the engine stops every handler (the child
+/// runs under a time limit).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn several_handlers_serve_writers_discards_and_unmaps_and_stop() {
+    const NAME: &str = "several_handlers_serve_writers_discards_and_unmaps_and_stop";
+    if std::env::var(CHILD).is_err() {
+        for h in ["1", "2", "4"] {
+            let out = run_child(NAME, &[("ZEROFAULT_HANDLERS", h)], Duration::from_secs(120));
+            assert!(out.contains("CHILD-OK"), "handlers={h}: {out}");
+        }
+        return;
+    }
+    const THREADS: usize = 4;
+    const QUARTER: usize = 32 * MIB / PAGE_SIZE;
+    let e = Engine::from_env().unwrap();
+    let handlers = e.options().handler_count();
+    e.prefill(64 * MIB).unwrap();
+    let r = e.map(THREADS * QUARTER * PAGE_SIZE).unwrap();
+    let base = r.as_ptr() as usize;
+    let bad: usize = std::thread::scope(|s| {
+        let ts: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let e = &e;
+                s.spawn(move || {
+                    let page = |p: usize| (base + (t * QUARTER + p) * PAGE_SIZE) as *mut u8;
+                    let write = |p: usize, v: u8| {
+                        // SAFETY: the page is in this thread's quarter of the region, alive
+                        // until the scope ends, touched by no other thread.
+                        let s = unsafe { std::slice::from_raw_parts_mut(page(p), PAGE_SIZE) };
+                        s[0] = v; // a write fault first, as a writer's would be
+                        usize::from(!is_zero(&s[1..]))
+                    };
+                    let mut bad = (0..QUARTER).map(|p| write(p, t as u8 + 1)).sum::<usize>();
+                    for i in 0..4 {
+                        // Adopted, as the shim adopts a program's mapping: its munmap is an
+                        // UNMAP event (a Region's drop unregisters first).
+                        let rw = libc::PROT_READ | libc::PROT_WRITE;
+                        let small = mman::map_aligned(4 * MIB, PMD_SIZE, rw, false).unwrap();
+                        // SAFETY: a fresh private mapping of this thread's, unmapped below.
+                        unsafe { e.adopt(small, 4 * MIB, true) }.unwrap();
+                        for p in (i..1024).step_by(3) {
+                            // SAFETY: inside the small mapping, touched by this thread only.
+                            let pg = unsafe {
+                                std::slice::from_raw_parts_mut((small + p * PAGE_SIZE) as *mut u8, PAGE_SIZE)
+                            };
+                            pg[0] = 1;
+                            bad += usize::from(!is_zero(&pg[1..]));
+                        }
+                        // SAFETY: ours, and nothing refers to it any more.
+                        unsafe { mman::unmap(small, 4 * MIB) }.unwrap();
+                    }
+                    let half = QUARTER / 2;
+                    // SAFETY: this thread's own pages; it gives their contents up.
+                    unsafe { mman::madvise(page(half) as usize, half * PAGE_SIZE, mman::MADV_DONTNEED) }.unwrap();
+                    bad += (half..QUARTER).map(|p| write(p, t as u8 + 11)).sum::<usize>();
+                    bad
+                })
+            })
+            .collect();
+        ts.into_iter().map(|t| t.join().unwrap()).sum()
+    });
+    assert_eq!(bad, 0, "pages that did not read zero before their first write");
+    for (p, pg) in r.as_slice().chunks(PAGE_SIZE).enumerate() {
+        let (t, q) = (p / QUARTER, p % QUARTER);
+        let want = if q < QUARTER / 2 { t as u8 + 1 } else { t as u8 + 11 };
+        assert!(pg[0] == want && is_zero(&pg[1..]), "page {p}: {}", pg[0]);
+    }
+    let s = e.stats();
+    assert!(e.is_active(), "{}", s.to_text());
+    // (Not one per call: a span the predictor handed back to the kernel makes no event.)
+    assert!(s.events_remove > 0 && s.events_unmap > 0, "{}", s.to_text());
+    assert!(s.pages_moved > 0 && s.handler_panics == 0, "{}", s.to_text());
+    if handlers > 1 {
+        assert!(s.faults_on_other_handlers > 0, "handlers={handlers}: {}", s.to_text());
+    } else {
+        assert_eq!(s.faults_on_other_handlers, 0);
+    }
+    drop(r);
+    drop(e); // rings one doorbell per handler
+    println!(
+        "CHILD-OK handlers={handlers} faults={} on others={}",
+        s.fault_events, s.faults_on_other_handlers
+    );
+}
+
+/// One handler of four panics while the others are serving four writing threads: the engine
+/// fails open (the others leave, the descriptor closes), every thread finishes, and no data is
+/// lost. Then with one writing thread, whose fault the panicking handler took: the others sit
+/// idle in poll with no fault to wake them, and must still leave.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn one_of_four_handlers_panicking_fails_open_and_the_program_finishes() {
+    const NAME: &str = "one_of_four_handlers_panicking_fails_open_and_the_program_finishes";
+    const WRITERS: &str = "ZEROFAULT_TEST_WRITERS";
+    if std::env::var(CHILD).is_err() {
+        for writers in ["4", "1"] {
+            let env = [
+                ("ZEROFAULT_PANIC_AFTER", "40"),
+                ("ZEROFAULT_HANDLERS", "4"),
+                (WRITERS, writers),
+            ];
+            let out = run_child(NAME, &env, Duration::from_secs(60));
+            assert!(out.contains("CHILD-OK"), "{writers} writers: {out}");
+        }
+        return;
+    }
+    let writers: usize = std::env::var(WRITERS).unwrap().parse().unwrap();
+    // Child: the first handler panics on its 40th fault event; windows of one page (max_order 0) keep
+    // every handler busy, so the others are serving when it does.
+    let mut o = Options::from_env().unwrap();
+    o.set("max_order", "0").unwrap();
+    o.set("start_order", "0").unwrap();
+    o.set("handback_misses", "0").unwrap();
+    let e = Engine::new(o).unwrap();
+    assert_eq!((e.options().panic_after, e.options().handler_count()), (40, 4));
+    let r = e.map(64 * MIB).unwrap();
+    let base = r.as_ptr() as usize;
+    std::thread::scope(|s| {
+        for t in 0..writers {
+            s.spawn(move || {
+                for p in (t..64 * MIB / PAGE_SIZE).step_by(writers) {
+                    // SAFETY: page p is inside the region, alive until the scope ends.
+                    unsafe { ((base + p * PAGE_SIZE) as *mut u8).write_volatile(t as u8 + 1) };
+                }
+            });
+        }
+    });
+    assert!(r
+        .as_slice()
+        .chunks(PAGE_SIZE)
+        .enumerate()
+        .all(|(p, pg)| pg[0] == (p % writers) as u8 + 1 && is_zero(&pg[1..])));
+    let s = e.stats();
+    assert!(!e.is_active(), "the engine failed open: {}", s.to_text());
+    assert_eq!(s.handler_panics, 1, "{}", s.to_text());
+    assert!(s.faults_on_other_handlers > 0, "the others served too: {}", s.to_text());
+    let mut r2 = e.map(4 * MIB).unwrap();
+    assert_eq!(touch_and_check(&mut r2, 0..1024), 0);
+    drop(e);
+    println!("CHILD-OK");
+}

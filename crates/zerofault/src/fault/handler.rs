@@ -4,7 +4,7 @@
 use super::{Kernel, BATCH};
 use crate::options::Options;
 use crate::page::{pages, PAGE_SIZE};
-use crate::predict::{Predictor, Tuning};
+use crate::predict::Tuning;
 use crate::stats::{nanos, Stats};
 use crate::sys::mman::Mapping;
 use crate::sys::raw::Errno;
@@ -12,15 +12,14 @@ use crate::sys::thread::ThreadClock;
 use crate::sys::uffd::{Msg, Progress};
 use crate::zero::ZeroSource;
 use crate::Shared;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Times an install is retried after draining events before giving up on it.
 pub(crate) const EVENT_RETRIES: u32 = 8;
-/// Predictor entries kept before the table is reset (threads and ranges come and go).
-const MAX_PREDICTORS: usize = 4096;
 
 /// Closes the userfaultfd when the handler thread ends other than by an orderly stop (the
 /// doorbell rung by [`crate::Engine`]'s drop).
@@ -40,46 +39,68 @@ impl Drop for FailOpen<'_> {
     }
 }
 
-/// The thread's body.
-pub(crate) fn run(shared: Arc<Shared>) {
+/// How long a handler waits for a message before it looks whether another one failed open,
+/// when there are several: each holds a read guard on the descriptor while it waits, and the
+/// fail-open takes the write lock, so the others must notice and leave (the blocked faults then
+/// wait this long at most, once).
+const FAILED_POLL: Duration = Duration::from_millis(50);
+
+/// The body of handler thread `index` (of `Options::handler_count`).
+pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let mut fail_open = FailOpen {
         shared: &shared,
         orderly: false,
     };
     let guard = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
     let Some(uffd) = guard.as_ref() else { return };
-    let mut h = Handler::new(&shared, uffd);
+    let mut h = Handler::nth(&shared, uffd, index);
+    let several = shared.handling.len() > 1;
+    let timeout = several.then_some(FAILED_POLL);
+    // One handler reads every pending message at once. Several read one each: a batch read by
+    // one would be served one after the other while the others find nothing to read (measured:
+    // with 2 handlers and 4 writing threads the second served none of 120 faults).
+    let batch = if several { 1 } else { BATCH };
     let mut buf = [Msg::Fork; BATCH];
     let clock = ThreadClock::current();
     let (mut counted, mut last_count) = (Duration::ZERO, Instant::now());
     // Until the doorbell rings: a stop is only orderly once every fault queued before it was
     // answered.
-    while !h.rung && h.fatal.is_none() {
+    while !h.rung && h.fatal.is_none() && !shared.failed.load(Acquire) {
         if let Some(m) = h.deferred.pop_front() {
             h.handle_counted(m);
             continue;
         }
         h.seq = shared.ranges.seq();
-        let n = match Kernel::read(uffd, &mut buf) {
+        // The bracket is odd from before the read: a program thread whose munmap or madvise
+        // returned because its event was read sees the event counted by Engine::stats.
+        let bracket = &shared.handling[index];
+        bracket.fetch_add(1, SeqCst);
+        let read = Kernel::read(uffd, &mut buf[..batch]);
+        let n = match read {
             Ok(n) => n,
-            Err(_) => break, // the descriptor is unusable: fail open
+            Err(_) => {
+                bracket.fetch_add(1, SeqCst);
+                break; // the descriptor is unusable: fail open
+            }
         };
         if n == 0 {
+            bracket.fetch_add(1, SeqCst);
             if last_count.elapsed() > Duration::from_millis(1) {
                 let now = clock.read();
                 Stats::add(&shared.stats.handler_cpu_ns, nanos(now - counted));
                 (counted, last_count) = (now, Instant::now());
             }
-            if uffd.wait().is_err() || !uffd.still_ours() {
+            if uffd.wait(timeout).is_err() || !uffd.still_ours() {
                 break; // closed or replaced behind our back: fail open
             }
             continue;
         }
         for (i, &m) in buf[..n].iter().enumerate() {
             h.batch_left = n - i - 1;
-            h.handle_counted(m);
+            h.handle(m);
         }
         h.batch_left = 0;
+        bracket.fetch_add(1, SeqCst);
     }
     if let Some(e) = h.fatal {
         Stats::add(&shared.stats.fail_opens, 1);
@@ -88,6 +109,43 @@ pub(crate) fn run(shared: Arc<Shared>) {
     let now = clock.read();
     Stats::add(&shared.stats.handler_cpu_ns, nanos(now.saturating_sub(counted)));
     fail_open.orderly = h.rung;
+}
+
+/// The window one handler is installing, published for the others: a fault read by another
+/// handler inside it (its thread was woken by the first huge page moved and ran on into the
+/// next) waits for it instead of installing a 4 KiB page there, which would give a PMD about
+/// to take a huge page a page table (measured with 2 handlers and a MADV_HUGEPAGE writer:
+/// 5,000 such faults a GiB, 40% of its huge pages lost, before this).
+///
+/// Its three words are written apart, so a reader may see a torn window; the worst it does
+/// with one is install the page at once or wait for nothing (bounded by [`INFLIGHT_WAIT`]),
+/// both safe: an install never overwrites a present page.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(crate) struct Inflight {
+    /// The range's id; 0 when the handler installs nothing.
+    range: AtomicU64,
+    first: AtomicU64,
+    end: AtomicU64,
+}
+
+/// How long a handler waits for another's window to go in before serving the fault itself.
+pub(crate) const INFLIGHT_WAIT: Duration = Duration::from_millis(50);
+
+impl Inflight {
+    pub(crate) fn set(&self, range: u64, first: u64, end: u64) {
+        self.first.store(first, Relaxed);
+        self.end.store(end, Relaxed);
+        self.range.store(range, Release);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.range.store(0, Release);
+    }
+
+    fn covers(&self, range: u64, page: u64) -> bool {
+        self.range.load(Acquire) == range && (self.first.load(Relaxed)..self.end.load(Relaxed)).contains(&page)
+    }
 }
 
 /// The handler's state: what it needs of the engine, and what it keeps between messages.
@@ -110,10 +168,13 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// The page of the fault being served: an install never refuses the span holding it.
     pub(crate) fault_page: usize,
     /// The accessible mappings around a recent faulting page, `[lo, hi)` (see
-    /// `Handler::mapping_end`); forgotten on every event.
+    /// `Handler::mapping_end`); forgotten on every event, this handler's or another's
+    /// (`Shared::events` moved past `mapping_events`).
     pub(crate) mapping: Option<(usize, usize)>,
-    /// Per (range, thread).
-    pub(crate) predictors: HashMap<(u64, u32), Predictor>,
+    /// `Shared::events` when `mapping` was read.
+    pub(crate) mapping_events: u64,
+    /// This handler's number: its staging area, doorbell and `handling` bracket.
+    pub(crate) index: usize,
     /// Scratch for the runs a window's claim returns.
     pub(crate) runs: Vec<(u64, u64)>,
     /// Faults read while draining for events, handled next.
@@ -132,10 +193,17 @@ pub(crate) struct Handler<'a, K: Kernel> {
 }
 
 impl<'a, K: Kernel> Handler<'a, K> {
+    /// The first handler (the tests' only one).
+    #[cfg(test)]
     pub(crate) fn new(shared: &'a Shared, k: &'a K) -> Handler<'a, K> {
+        Handler::nth(shared, k, 0)
+    }
+
+    /// Handler `index`.
+    pub(crate) fn nth(shared: &'a Shared, k: &'a K, index: usize) -> Handler<'a, K> {
         let opts = &shared.opts;
         let can_move = opts.pool && shared.pool.is_some() && shared.features.has(crate::Features::MOVE);
-        let stage = shared.stage.as_ref().filter(|_| can_move);
+        let stage = shared.stage.get(index).filter(|_| can_move);
         Handler {
             shared,
             k,
@@ -153,7 +221,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
             pieces: Vec::new(),
             fault_page: 0,
             mapping: None,
-            predictors: HashMap::new(),
+            mapping_events: 0,
+            index,
             runs: Vec::new(),
             deferred: VecDeque::new(),
             batch_left: 0,
@@ -193,14 +262,16 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
     }
 
-    /// [`Self::handle`] inside the `handling` bracket that [`crate::Engine::stats`] waits on.
+    /// [`Self::handle`] inside this handler's `handling` bracket, which
+    /// [`crate::Engine::stats`] waits on.
     pub(crate) fn handle_counted(&mut self, m: Msg) {
-        self.shared.handling.fetch_add(1, SeqCst);
+        let bracket = &self.shared.handling[self.index];
+        bracket.fetch_add(1, SeqCst);
         self.handle(m);
-        self.shared.handling.fetch_add(1, SeqCst);
+        bracket.fetch_add(1, SeqCst);
     }
 
-    fn handle(&mut self, m: Msg) {
+    pub(crate) fn handle(&mut self, m: Msg) {
         if self.fatal.is_some() {
             return; // failing open: the kernel answers everything from here
         }
@@ -208,6 +279,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
         let stats = self.stats();
         if !matches!(m, Msg::PageFault { .. }) {
             self.mapping = None;
+            self.shared.events.fetch_add(1, AcqRel);
         }
         match m {
             Msg::PageFault { addr, write, tid } => self.fault(addr, write, tid),
@@ -227,12 +299,42 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
     }
 
-    /// The predictor of thread `tid` in range `id`.
-    pub(crate) fn predictor(&mut self, id: u64, tid: u32) -> &mut Predictor {
-        if self.predictors.len() >= MAX_PREDICTORS {
-            self.predictors.clear();
+    /// The window this handler is installing is `[first, end)` of range `range` (see
+    /// [`Inflight`]); `None`: none.
+    pub(crate) fn installing(&self, window: Option<(u64, u64, u64)>) {
+        if self.shared.inflight.len() > 1 {
+            let me = &self.shared.inflight[self.index];
+            match window {
+                Some((range, first, end)) => me.set(range, first, end),
+                None => me.clear(),
+            }
         }
-        self.predictors.entry((id, tid)).or_default()
+    }
+
+    /// A fault on a claimed page: while another handler's window in flight covers it, wait
+    /// (at most [`INFLIGHT_WAIT`]) for that install, which wakes the thread.
+    pub(crate) fn wait_for_other_install(&self, range: u64, page: u64) {
+        let others = || {
+            self.shared
+                .inflight
+                .iter()
+                .enumerate()
+                .any(|(i, w)| i != self.index && w.covers(range, page))
+        };
+        if self.shared.inflight.len() < 2 || !others() {
+            return;
+        }
+        Stats::add(&self.stats().faults_in_other_windows, 1);
+        let t0 = Instant::now();
+        let mut spins = 0u32;
+        while others() && t0.elapsed() < INFLIGHT_WAIT {
+            spins += 1;
+            if spins < 64 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
     }
 
     /// Reads pending messages: events are applied now, faults deferred. Called when an install

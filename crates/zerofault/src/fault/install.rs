@@ -12,7 +12,7 @@ use crate::sys::raw::Errno;
 use crate::sys::uffd::Progress;
 use crate::zero::ZeroSource;
 use std::cell::Cell;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 
 impl<K: Kernel> Handler<'_, K> {
     /// Claims the window `w` of `range` for the fault at `page_addr`, installs the runs this
@@ -134,9 +134,16 @@ impl<K: Kernel> Handler<'_, K> {
     /// event, so a kept end can be stale until then.
     pub(crate) fn mapping_end(&mut self) -> usize {
         let a = self.fault_page;
+        // Before the table is read: an event after this load moves `events` on and makes the
+        // next call read again.
+        let events = self.shared.events.load(Acquire);
+        if events != self.mapping_events {
+            self.mapping = None;
+        }
         if let Some((_, hi)) = self.mapping.filter(|&(lo, hi)| lo <= a && a < hi) {
             return hi;
         }
+        self.mapping_events = events;
         self.mapping = self.k.mapping_of(a);
         self.mapping.map_or(usize::MAX, |(_, hi)| hi)
     }

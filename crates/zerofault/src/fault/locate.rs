@@ -28,8 +28,9 @@ impl<K: Kernel> Handler<'_, K> {
     /// One page fault, from its message to the wake.
     pub(crate) fn fault(&mut self, addr: usize, write: bool, tid: u32) {
         let page_addr = page_start(addr);
-        if page_addr == self.shared.doorbell {
-            // Engine::drop rang: answer it, and stop. (Anyone else touching it, a debugger
+        if self.shared.is_doorbell(page_addr) {
+            // Engine::drop rang one of the doorbells (one per handler, read one after the
+            // other): answer it, and stop. (Anyone else touching it, a debugger
             // reading /proc/pid/mem, say, is answered and changes nothing.) Stop only once the
             // page is really there: a zero page refused with EAGAIN (an event pending: the
             // scrub discarding a pool ring, a munmap of the program's) would wake a reader that
@@ -49,9 +50,12 @@ impl<K: Kernel> Handler<'_, K> {
         }
         let stats = self.stats();
         Stats::add(&stats.fault_events, 1);
+        if self.index > 0 {
+            Stats::add(&stats.faults_on_other_handlers, 1);
+        }
         Stats::add(if write { &stats.write_faults } else { &stats.read_faults }, 1);
         self.faults_seen += 1;
-        if self.opts.panic_after != 0 && self.faults_seen == self.opts.panic_after {
+        if self.opts.panic_after != 0 && self.faults_seen == self.opts.panic_after && self.index == 0 {
             panic!(
                 "zerofault: ZEROFAULT_PANIC_AFTER={} reached (testing fail-open)",
                 self.opts.panic_after
@@ -63,11 +67,15 @@ impl<K: Kernel> Handler<'_, K> {
             return;
         };
         if let Some(w) = self.locate(&range, page_addr, write, tid) {
+            self.installing(Some((range.id, w.first, w.end)));
             self.install_window(&range, page_addr, w);
+            self.installing(None);
             if let Some((first, end)) = w.ahead {
+                self.installing(Some((range.id, first, end)));
                 let got = self.install_ahead(&range, first, end, w.write);
+                self.installing(None);
                 if got < end {
-                    self.predictor(range.id, tid).installed_until(got);
+                    self.shared.predictors.lock(range.id, tid).get().installed_until(got);
                 }
             }
         }
@@ -91,6 +99,7 @@ impl<K: Kernel> Handler<'_, K> {
         let page = range.page_of(page_addr);
         if range.map.is_claimed(page) {
             Stats::add(&stats.already_present, 1);
+            self.wait_for_other_install(range.id, page);
             self.install_one(page_addr, write);
             return None;
         }
@@ -99,7 +108,11 @@ impl<K: Kernel> Handler<'_, K> {
         let phase = self.stage.is_some().then_some(pages(range.start) % PMD_PAGES);
         let (tuning, opts) = (self.tuning, self.opts);
         let ready = self.ready_pages();
-        let predictor = self.predictor(range.id, tid);
+        // Locked until the window and its window ahead are decided: any handler may read this
+        // stream's next fault.
+        let shared = self.shared;
+        let mut entry = shared.predictors.lock(range.id, tid);
+        let predictor = entry.get();
         let w = predictor.on_fault_aligned(page, range.pages, phase, &tuning);
         let (mut first, mut end) = (w.first, w.first + w.pages);
         if huge_fault {
@@ -156,6 +169,7 @@ impl<K: Kernel> Handler<'_, K> {
             }
             predictor.installed_until(ahead.map_or(end, |(_, a1)| a1));
         }
+        drop(entry);
         Stats::add(
             match w.outcome {
                 Outcome::Start => &stats.predict_starts,

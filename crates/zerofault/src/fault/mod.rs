@@ -40,7 +40,7 @@ mod locate;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use handler::{run, Handler, EVENT_RETRIES};
+pub(crate) use handler::{run, Handler, Inflight, EVENT_RETRIES};
 
 use crate::sys::raw::Errno;
 use crate::sys::uffd::{Msg, Progress, RawMsg, Uffd};

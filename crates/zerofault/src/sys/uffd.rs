@@ -594,16 +594,23 @@ impl Uffd {
         }
     }
 
-    /// Blocks until a message is pending (or the descriptor is closed or broken). EINTR counts as
-    /// ready: the caller reads, finds nothing, and waits again.
-    pub(crate) fn wait(&self) -> Result<(), Errno> {
+    /// Blocks until a message is pending (or the descriptor is closed or broken), or at most
+    /// `timeout`. EINTR and the timeout count as ready: the caller reads, finds nothing, and
+    /// waits again.
+    pub(crate) fn wait(&self, timeout: Option<std::time::Duration>) -> Result<(), Errno> {
         let mut p = libc::pollfd {
             fd: self.raw_fd(),
             events: libc::POLLIN,
             revents: 0,
         };
-        // SAFETY: ppoll on one valid pollfd, no timeout, no signal mask change.
-        let r = unsafe { raw::call(libc::SYS_ppoll, [&mut p as *mut libc::pollfd as usize, 1, 0, 0, 0, 0]) };
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: t.as_secs() as libc::time_t,
+            tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+        });
+        let tsp = ts.as_ref().map_or(0, |t| t as *const libc::timespec as usize);
+        // SAFETY: ppoll on one valid pollfd, with no timeout or a valid timespec, no signal
+        // mask change.
+        let r = unsafe { raw::call(libc::SYS_ppoll, [&mut p as *mut libc::pollfd as usize, 1, tsp, 0, 0, 0]) };
         match r {
             Ok(_) if p.revents & libc::POLLNVAL != 0 => Err(Errno(libc::EBADF)),
             Ok(_) | Err(Errno(libc::EINTR)) => Ok(()),
