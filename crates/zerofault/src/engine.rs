@@ -19,11 +19,11 @@ use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
 use crate::sys::raw::Errno;
 use crate::sys::thread::EngineThread;
 use crate::sys::uffd::Uffd;
-use crate::sys::uffd::{Features, UffdError};
+use crate::sys::uffd::{FdIdentity, Features, UffdError};
 use crate::zero::ZeroSource;
 use crate::{fault, scrub, sys};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 /// Why the engine could not start or could not serve a request.
@@ -117,6 +117,15 @@ pub(crate) struct Shared {
     pub(crate) predictors: Predictors,
     /// The window each handler is installing (see [`fault::Inflight`]).
     pub(crate) inflight: Box<[fault::Inflight]>,
+    /// With several handlers, held across each read and the applying of the event it read, so
+    /// that events are applied in the order the kernel queued them (see
+    /// `Handler::read_ordered`). Engine threads only.
+    pub(crate) event_order: Mutex<()>,
+    /// Handler threads running (see [`Shared::handler_left`]).
+    pub(crate) live_handlers: AtomicUsize,
+    /// The descriptor's number and identity, for a forked child to close its copy without the
+    /// lock around it (see [`Engine::close_after_fork`]).
+    pub(crate) uffd_identity: Option<FdIdentity>,
     next_region: AtomicU64,
     /// Held across every change of both the table and the kernel's registration (a range
     /// registered, released, or handed back), so that the two agree: a hand-back of a range
@@ -134,12 +143,21 @@ impl Shared {
         page_addr.wrapping_sub(self.doorbell) < self.handling.len() * PAGE_SIZE
     }
 
-    /// Closes the userfaultfd: blocked faults are woken and every later fault is the kernel's.
-    pub(crate) fn fail_open(&self) {
-        self.failed.store(true, Release);
-        let fd = self.uffd.write().unwrap_or_else(|e| e.into_inner()).take();
-        drop(fd);
-        self.scrub.kick();
+    /// A handler thread leaves, with its read guard on the descriptor dropped; `failed`: other
+    /// than by an orderly stop. The engine fails open: `failed` is set at once (the other
+    /// handlers see it within their poll timeout and leave too), and the last handler to leave
+    /// closes the userfaultfd, which wakes every blocked fault and gives every later one to
+    /// the kernel. Not the first: its write lock would wait for the others' read guards, and
+    /// std's RwLock then holds back new readers, so a program thread holding `reg` on its way
+    /// to a read guard, and a handler waiting for `reg` in a hand-back, would never let go.
+    pub(crate) fn handler_left(&self, failed: bool) {
+        if failed {
+            self.failed.store(true, Release);
+            self.scrub.kick();
+        }
+        if self.live_handlers.fetch_sub(1, AcqRel) == 1 && self.failed.load(Acquire) {
+            drop(self.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+        }
     }
 
     /// See [`Shared::reg`].
@@ -263,6 +281,7 @@ impl Engine {
             }
             p => p,
         };
+        let identity = uffd.identity();
         let shared = Arc::new(Shared {
             stage,
             uffd: RwLock::new(Some(uffd)),
@@ -281,13 +300,15 @@ impl Engine {
             events: AtomicU64::new(0),
             predictors: Predictors::default(),
             inflight: (0..handlers).map(|_| fault::Inflight::default()).collect(),
+            event_order: Mutex::new(()),
+            live_handlers: AtomicUsize::new(0),
+            uffd_identity: Some(identity),
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,
         });
         // Built before spawning, so that a failed spawn drops an Engine that stops what started
-        // (its drop rings every doorbell: those of handlers that never started are answered
-        // by the others, or by the kernel once the descriptor is closed).
+        // (its drop rings one doorbell per handler started).
         let mut engine = Engine {
             shared: shared.clone(),
             handlers: Vec::with_capacity(handlers),
@@ -390,15 +411,15 @@ impl Engine {
     /// engine by reference and leaks it itself: only atomics and one close(2), so it is safe
     /// in the child of a multi-threaded fork.
     pub fn close_after_fork(&self) {
-        // The parent's handler holds a read lock for its whole life, so only read access is
-        // possible here; the descriptor is closed by number and the engine leaked, so that
-        // nothing closes it twice.
-        if let Ok(g) = self.shared.uffd.try_read() {
-            if let Some(u) = g.as_ref() {
-                // SAFETY: the engine is leaked right after (see above): nothing closes or uses
-                // the child's copy of the descriptor again.
-                unsafe { sys::thread::close_fd(u.raw_fd()) };
-            }
+        // No lock is touched: the parent's handlers hold read guards for their whole lives,
+        // and a fail-open may have been waiting for the write lock at the fork. The number is
+        // closed if it still names the engine's file (the parent may have closed it, and the
+        // number been reused, before the fork); the engine is leaked, so that nothing closes
+        // it twice.
+        if let Some(id) = self.shared.uffd_identity {
+            // SAFETY: the engine is leaked right after (see above): nothing closes or uses the
+            // child's copy of the descriptor again.
+            unsafe { id.close_if_same() };
         }
     }
 
@@ -639,11 +660,13 @@ impl Drop for Engine {
         let bells = self.shared.handling.len() * PAGE_SIZE;
         if !self.handlers.is_empty() {
             // Each read's fault is answered by one handler, which then sees `stopping` and
-            // leaves; so one read per handler stops them all, one after the other. With the
-            // userfaultfd already closed (failed open) the kernel answers them.
+            // leaves; so one read per handler started stops them all, one after the other
+            // (one more would wait for ever: no handler left, and the descriptor still open).
+            // A handler that left early failed open: the descriptor is closed, and the kernel
+            // answers the reads.
             // SAFETY: the doorbells are the engine's own pages, read only below.
             let _ = unsafe { mman::protect(self.shared.doorbell, bells, libc::PROT_READ) };
-            for i in 0..self.shared.handling.len() {
+            for i in 0..self.handlers.len() {
                 // SAFETY: our own mapped pages, readable now; reading one maps the zero page.
                 unsafe { std::ptr::read_volatile((self.shared.doorbell + i * PAGE_SIZE) as *const u8) };
             }
@@ -699,6 +722,9 @@ impl Shared {
             events: AtomicU64::new(0),
             predictors: Predictors::default(),
             inflight: Box::new([fault::Inflight::default()]),
+            event_order: Mutex::new(()),
+            live_handlers: AtomicUsize::new(0),
+            uffd_identity: None,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,

@@ -420,7 +420,8 @@ options! {
     /// the whole PMDs after the window (huge pages; zero pages for reads), as many pages as
     /// the stream has written so far, up to 2^ahead_order. `fault`: with the fault's window,
     /// before the thread is woken; `wake`: after it, while the thread writes (on this 2-vCPU
-    /// guest each huge page moved then costs an interrupt on the writer's CPU: see DESIGN.md).
+    /// guest each huge page moved then costs an interrupt on the writer's CPU: see DESIGN.md;
+    /// with several handlers, `wake` works as `fault`).
     ahead: Ahead = "fault",
     /// Largest window ahead: 2^order pages (at least one max_order window).
     ahead_order: Order = "13",
@@ -428,8 +429,8 @@ options! {
     /// fell in is handed back to the kernel (unregistered). 0 never hands back.
     handback_misses: Count = "8",
     /// Fault handler threads reading the one userfaultfd; each serves whichever fault it
-    /// reads. `auto`: one per 8 online CPUs, at least 1, at most 8 (docs/SCALING.md has the
-    /// measurements behind it).
+    /// reads. `auto`: one per 8 CPUs the process may run on (its affinity when the engine
+    /// starts), at least 1, at most 8 (docs/SCALING.md has the measurements behind it).
     handlers: Threads = "auto",
     /// Testing only: the (first) fault handler panics on this fault event of its own (0 =
     /// never), to exercise fail-open.
@@ -453,11 +454,11 @@ options! {
 }
 
 impl Options {
-    /// The fault handler threads to start: `handlers`, or for `auto` one per 8 online CPUs,
-    /// 1 to 8.
+    /// The fault handler threads to start: `handlers`, or for `auto` one per 8 CPUs the
+    /// calling thread may run on, 1 to 8.
     pub fn handler_count(&self) -> usize {
         match self.handlers {
-            0 => (crate::sys::thread::online_cpus() / 8).clamp(1, 8),
+            0 => (crate::sys::thread::allowed_cpus() / 8).clamp(1, 8),
             n => usize::from(n),
         }
     }

@@ -50,7 +50,7 @@
 //! populated before they are taken, each taken once, given back only where nobody took after;
 //! and a give-back racing a producer that came round (see `RingIndex::untake`).
 
-use crate::page::{bytes, pages, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
+use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
 use crate::recycle::{Batch, DirtyRing};
 use crate::stats::Stats;
 use crate::sync::AtomicU64;
@@ -352,7 +352,7 @@ impl Ring {
     /// Whether `addr` (a page of a run) is still populated: tells a source hole from a
     /// destination problem when a move reports ENOENT.
     pub(crate) fn is_populated(&self, addr: usize) -> bool {
-        mman::resident_pages(addr, PAGE_SIZE).map(|n| n == 1).unwrap_or(false)
+        mman::is_resident(addr)
     }
 }
 
@@ -660,6 +660,7 @@ fn bytes_of(r: &Ring) -> usize {
 )]
 mod tests {
     use super::*;
+    use crate::page::PAGE_SIZE;
 
     #[test]
     fn runs_are_contiguous_and_never_cross_the_ring_end() {

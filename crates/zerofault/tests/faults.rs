@@ -786,7 +786,7 @@ fn several_handlers_serve_writers_discards_and_unmaps_and_stop() {
                         let small = mman::map_aligned(4 * MIB, PMD_SIZE, rw, false).unwrap();
                         // SAFETY: a fresh private mapping of this thread's, unmapped below.
                         unsafe { e.adopt(small, 4 * MIB, true) }.unwrap();
-                        for p in (i..1024).step_by(3) {
+                        for p in i..1024 {
                             // SAFETY: inside the small mapping, touched by this thread only.
                             let pg = unsafe {
                                 std::slice::from_raw_parts_mut((small + p * PAGE_SIZE) as *mut u8, PAGE_SIZE)
@@ -819,6 +819,11 @@ fn several_handlers_serve_writers_discards_and_unmaps_and_stop() {
     assert!(s.events_remove > 0 && s.events_unmap > 0, "{}", s.to_text());
     assert!(s.pages_moved > 0 && s.handler_panics == 0, "{}", s.to_text());
     if handlers > 1 {
+        // The streams are sequential whichever handler reads their faults: one predictor per
+        // stream, shared (per-handler predictors see every other fault as a miss: 102-119
+        // misses to 121-138 hits, against 4-5 to 99-100). (With one handler, 1 run in 5 had
+        // 46 misses and 5 hand-backs, not explained yet: see the closing note of issue 12.)
+        assert!(s.predict_hits > 3 * s.predict_misses, "{}", s.to_text());
         assert!(s.faults_on_other_handlers > 0, "handlers={handlers}: {}", s.to_text());
     } else {
         assert_eq!(s.faults_on_other_handlers, 0);
@@ -826,8 +831,8 @@ fn several_handlers_serve_writers_discards_and_unmaps_and_stop() {
     drop(r);
     drop(e); // rings one doorbell per handler
     println!(
-        "CHILD-OK handlers={handlers} faults={} on others={}",
-        s.fault_events, s.faults_on_other_handlers
+        "CHILD-OK handlers={handlers} faults={} on others={} hits={} misses={} handbacks={}",
+        s.fault_events, s.faults_on_other_handlers, s.predict_hits, s.predict_misses, s.handbacks
     );
 }
 
@@ -886,4 +891,56 @@ fn one_of_four_handlers_panicking_fails_open_and_the_program_finishes() {
     assert_eq!(touch_and_check(&mut r2, 0..1024), 0);
     drop(e);
     println!("CHILD-OK");
+}
+
+/// One thread reads then writes each page of a MADV_HUGEPAGE mapping (as `thp.c` does) under
+/// four handlers, with no pool ready: every PMD is a huge page made by a handler. Woken by the
+/// first huge page of its window, the thread runs on into the next PMD while it is being made;
+/// another handler reads that fault and must wait for the window (`Inflight`), not put a 4 KiB
+/// page there, which would cost the PMD its huge page (before: 48-68% huge pages a GiB).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn several_handlers_keep_the_huge_pages_of_a_madv_hugepage_writer() {
+    const NAME: &str = "several_handlers_keep_the_huge_pages_of_a_madv_hugepage_writer";
+    assert!(
+        mman::thp_available(),
+        "transparent huge pages are off here: this test counts huge pages and cannot run; set \
+         /sys/kernel/mm/transparent_hugepage/enabled to madvise"
+    );
+    if std::env::var(CHILD).is_err() {
+        let out = run_child(NAME, &[("ZEROFAULT_HANDLERS", "4")], Duration::from_secs(120));
+        assert!(out.contains("CHILD-OK"), "{out}");
+        return;
+    }
+    const LEN: usize = 256 * MIB;
+    let e = Engine::from_env().unwrap();
+    assert_eq!(e.options().handler_count(), 4);
+    let rw = libc::PROT_READ | libc::PROT_WRITE;
+    let a = mman::map_aligned(LEN, PMD_SIZE, rw, false).unwrap();
+    // SAFETY: a fresh private mapping of this test's; advice changes no content.
+    unsafe { mman::madvise(a, LEN, libc::MADV_HUGEPAGE) }.unwrap();
+    // SAFETY: as above, unmapped at the end.
+    unsafe { e.adopt(a, LEN, true) }.unwrap();
+    e.set_huge(a, LEN, true);
+    let mut bad = 0usize;
+    for p in 0..LEN / PAGE_SIZE {
+        // SAFETY: inside the mapping, touched by this thread only.
+        let pg = unsafe { std::slice::from_raw_parts_mut((a + p * PAGE_SIZE) as *mut u8, PAGE_SIZE) };
+        bad += usize::from(pg[11] != 0);
+        pg[0] = 1;
+    }
+    let huge = mman::anon_huge_bytes(a, LEN);
+    let s = e.stats();
+    assert_eq!(bad, 0);
+    assert!(
+        huge * 10 >= LEN * 9,
+        "{} of {} MiB huge: {}",
+        huge / MIB,
+        LEN / MIB,
+        s.to_text()
+    );
+    // SAFETY: ours, nothing refers to it any more.
+    unsafe { mman::unmap(a, LEN) }.unwrap();
+    drop(e);
+    println!("CHILD-OK huge {} MiB, waits {}", huge / MIB, s.faults_in_other_windows);
 }

@@ -92,8 +92,12 @@ impl<K: Kernel> Handler<'_, K> {
     /// A fault is waiting: later in the batch being handled, or pending on the descriptor (read
     /// now: events applied, faults deferred).
     fn fault_waiting(&mut self) -> bool {
-        if self.batch_left > 0 {
+        if self.batch_left > 0 || !self.deferred.is_empty() {
             return true;
+        }
+        if self.shared.handling.len() > 1 {
+            // Another handler serves what is pending: reading it here would take it from them.
+            return false;
         }
         self.read_pending();
         !self.deferred.is_empty()

@@ -2,7 +2,7 @@
 //! events are drained.
 
 use super::{Kernel, BATCH};
-use crate::options::Options;
+use crate::options::{AheadMode, Options};
 use crate::page::{pages, PAGE_SIZE};
 use crate::predict::Tuning;
 use crate::stats::{nanos, Stats};
@@ -21,10 +21,12 @@ use std::time::{Duration, Instant};
 /// Times an install is retried after draining events before giving up on it.
 pub(crate) const EVENT_RETRIES: u32 = 8;
 
-/// Closes the userfaultfd when the handler thread ends other than by an orderly stop (the
-/// doorbell rung by [`crate::Engine`]'s drop).
+/// Fails the engine open when the handler thread ends other than by an orderly stop (the
+/// doorbell rung by [`crate::Engine`]'s drop): see [`Shared::handler_left`]. Dropped after
+/// the thread's read guard on the descriptor.
 struct FailOpen<'a> {
     shared: &'a Shared,
+    index: usize,
     orderly: bool,
 }
 
@@ -33,9 +35,11 @@ impl Drop for FailOpen<'_> {
         if std::thread::panicking() {
             Stats::add(&self.shared.stats.handler_panics, 1);
         }
-        if !self.orderly {
-            self.shared.fail_open();
+        // A panic mid-install leaves no window for the others to wait on.
+        if let Some(w) = self.shared.inflight.get(self.index) {
+            w.clear();
         }
+        self.shared.handler_left(!self.orderly);
     }
 }
 
@@ -47,8 +51,10 @@ const FAILED_POLL: Duration = Duration::from_millis(50);
 
 /// The body of handler thread `index` (of `Options::handler_count`).
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
+    shared.live_handlers.fetch_add(1, AcqRel);
     let mut fail_open = FailOpen {
         shared: &shared,
+        index,
         orderly: false,
     };
     let guard = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
@@ -70,12 +76,24 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
             h.handle_counted(m);
             continue;
         }
-        h.seq = shared.ranges.seq();
         // The bracket is odd from before the read: a program thread whose munmap or madvise
         // returned because its event was read sees the event counted by Engine::stats.
         let bracket = &shared.handling[index];
         bracket.fetch_add(1, SeqCst);
+        // Several handlers read in turn, and apply the events they read before the next read
+        // (see `Handler::read_ordered`); one handler reads and handles as before.
+        let order = several.then(|| shared.event_order.lock().unwrap_or_else(|e| e.into_inner()));
+        h.seq = shared.ranges.seq();
         let read = Kernel::read(uffd, &mut buf[..batch]);
+        let read = match (read, order) {
+            (Ok(1), Some(order)) if !matches!(buf[0], Msg::PageFault { .. }) => {
+                h.handle(buf[0]);
+                drop(order);
+                bracket.fetch_add(1, SeqCst);
+                continue;
+            }
+            (read, _) => read,
+        };
         let n = match read {
             Ok(n) => n,
             Err(_) => {
@@ -175,6 +193,10 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) mapping_events: u64,
     /// This handler's number: its staging area, doorbell and `handling` bracket.
     pub(crate) index: usize,
+    /// `Options::ahead`, except that with several handlers `wake` works as `fault`: the
+    /// thread's next fault may reach another handler while this one still installs the window
+    /// ahead, and would be predicted against a stream not yet updated.
+    pub(crate) ahead: AheadMode,
     /// Scratch for the runs a window's claim returns.
     pub(crate) runs: Vec<(u64, u64)>,
     /// Faults read while draining for events, handled next.
@@ -223,6 +245,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
             mapping: None,
             mapping_events: 0,
             index,
+            ahead: match opts.ahead {
+                AheadMode::Wake if shared.handling.len() > 1 => AheadMode::Fault,
+                a => a,
+            },
             runs: Vec::new(),
             deferred: VecDeque::new(),
             batch_left: 0,
@@ -311,9 +337,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
     }
 
-    /// A fault on a claimed page: while another handler's window in flight covers it, wait
-    /// (at most [`INFLIGHT_WAIT`]) for that install, which wakes the thread.
-    pub(crate) fn wait_for_other_install(&self, range: u64, page: u64) {
+    /// A fault on a claimed page: while another handler's window in flight covers it and the
+    /// page is not there yet, wait (at most [`INFLIGHT_WAIT`]) for that install, which wakes
+    /// the thread.
+    pub(crate) fn wait_for_other_install(&self, range: u64, page: u64, page_addr: usize) {
         let others = || {
             self.shared
                 .inflight
@@ -327,7 +354,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
         Stats::add(&self.stats().faults_in_other_windows, 1);
         let t0 = Instant::now();
         let mut spins = 0u32;
-        while others() && t0.elapsed() < INFLIGHT_WAIT {
+        while others() && !crate::sys::mman::is_resident(page_addr) && t0.elapsed() < INFLIGHT_WAIT {
             spins += 1;
             if spins < 64 {
                 std::thread::yield_now();
@@ -341,9 +368,46 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// got EAGAIN without progress, i.e. an event is waiting to be read.
     pub(crate) fn drain_events(&mut self) {
         Stats::add(&self.stats().drained_for_events, 1);
-        if self.read_pending() == 0 {
+        if self.shared.handling.len() > 1 {
+            // The event may be another handler's to read, and `mmap_changing` stays up until
+            // the program thread it held runs again: give both time.
+            if self.read_ordered() == 0 {
+                std::thread::sleep(Duration::from_micros(50));
+            }
+        } else if self.read_pending() == 0 {
             std::thread::yield_now();
         }
+    }
+
+    /// With several handlers: reads messages one at a time, in turn with the others, until an
+    /// event was read and applied (returns 1) or none is pending (0); faults read meanwhile
+    /// are deferred. Events are applied in the order the kernel queued them: each under the
+    /// lock it was read under, so that one handler's REMAP(X to Y) is never applied after
+    /// another's later UNMAP(Y).
+    pub(crate) fn read_ordered(&mut self) -> usize {
+        let outer = self.seq;
+        let mut buf = [Msg::Fork; 1];
+        let events = loop {
+            let order = self.shared.event_order.lock().unwrap_or_else(|e| e.into_inner());
+            self.seq = self.shared.ranges.seq();
+            match self.k.read(&mut buf) {
+                Ok(1) => match buf[0] {
+                    f @ Msg::PageFault { .. } => self.deferred.push_back(f),
+                    e => {
+                        self.handle(e);
+                        drop(order);
+                        break 1;
+                    }
+                },
+                Ok(_) => break 0,
+                Err(e) => {
+                    self.note_errno(e);
+                    break 0;
+                }
+            }
+        };
+        self.seq = outer;
+        events
     }
 
     /// Reads the pending messages without blocking: events are applied now, faults deferred

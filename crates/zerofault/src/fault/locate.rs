@@ -99,14 +99,14 @@ impl<K: Kernel> Handler<'_, K> {
         let page = range.page_of(page_addr);
         if range.map.is_claimed(page) {
             Stats::add(&stats.already_present, 1);
-            self.wait_for_other_install(range.id, page);
+            self.wait_for_other_install(range.id, page, page_addr);
             self.install_one(page_addr, write);
             return None;
         }
 
         // With huge pages, big windows end on PMD boundaries (in the address space).
         let phase = self.stage.is_some().then_some(pages(range.start) % PMD_PAGES);
-        let (tuning, opts) = (self.tuning, self.opts);
+        let (tuning, opts, ahead_mode) = (self.tuning, self.opts, self.ahead);
         let ready = self.ready_pages();
         // Locked until the window and its window ahead are decided: any handler may read this
         // stream's next fault.
@@ -124,14 +124,14 @@ impl<K: Kernel> Handler<'_, K> {
         }
         let mut ahead = None;
         let confirmed = w.outcome == Outcome::Hit && w.order >= tuning.max_order;
-        if confirmed && opts.ahead != AheadMode::Off {
+        if confirmed && ahead_mode != AheadMode::Off {
             // A confirmed stream: a window ahead of as many pages as it has written so far
             // (at least its window, at most 2^ahead_order), in whole PMDs of the address
             // space (see ahead.rs).
             let want = w
                 .streak
                 .clamp(1 << tuning.max_order, 1 << opts.ahead_order.max(tuning.max_order));
-            if opts.ahead == AheadMode::Fault {
+            if ahead_mode == AheadMode::Fault {
                 // Part of this window, installed before the thread is woken; but only as far
                 // as the pool's ready huge pages (or, without a huge ring, 4 KiB pages) reach:
                 // making each huge page here, 0.2-4 ms, would hold every other thread's fault

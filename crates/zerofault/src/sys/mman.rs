@@ -199,6 +199,20 @@ pub(crate) fn populate_write(addr: usize, len: usize) -> io::Result<()> {
 /// The advices the engine uses, re-exported so that callers need no libc.
 pub(crate) use libc::{MADV_DONTFORK, MADV_DONTNEED, MADV_HUGEPAGE, MADV_NOHUGEPAGE};
 
+/// Whether the page at `addr` is resident (present in the page tables), from mincore(2);
+/// false if it is not mapped. No allocation: for engine threads.
+pub(crate) fn is_resident(addr: usize) -> bool {
+    let mut v = 0u8;
+    // SAFETY: one byte for the one page, as mincore requires.
+    let r = unsafe {
+        raw::call(
+            libc::SYS_mincore,
+            [addr, PAGE_SIZE, &mut v as *mut u8 as usize, 0, 0, 0],
+        )
+    };
+    r.is_ok() && v & 1 != 0
+}
+
 /// How many pages of `[addr, addr + len)` are resident, from mincore(2). For tests and stats.
 pub fn resident_pages(addr: usize, len: usize) -> io::Result<usize> {
     let mut v = vec![0u8; len.div_ceil(PAGE_SIZE)];

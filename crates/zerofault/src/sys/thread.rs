@@ -8,7 +8,6 @@ use super::mman::{self, PAGE_SIZE};
 use super::raw;
 use crate::page::index;
 use std::io;
-use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -581,6 +580,23 @@ pub(crate) fn gettid() -> u32 {
     u32::try_from(unsafe { raw::syscall(libc::SYS_gettid, [0; 6]) }).unwrap_or(0)
 }
 
+/// Number of CPUs the calling thread may run on (sched_getaffinity, up to 4096 CPUs; the
+/// online CPUs if the call fails). A raw system call: no libc path that could allocate.
+pub(crate) fn allowed_cpus() -> usize {
+    let mut mask = [0u64; 64];
+    // SAFETY: the kernel writes at most `size_of_val(&mask)` bytes into `mask`.
+    let r = unsafe {
+        raw::call(
+            libc::SYS_sched_getaffinity,
+            [0, std::mem::size_of_val(&mask), mask.as_mut_ptr() as usize, 0, 0, 0],
+        )
+    };
+    match r {
+        Ok(_) => (mask.iter().map(|w| w.count_ones() as usize).sum::<usize>()).max(1),
+        Err(_) => online_cpus(),
+    }
+}
+
 /// Number of online CPUs.
 pub(crate) fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -651,16 +667,6 @@ impl ThreadClock {
             u32::try_from(ts.tv_nsec).unwrap_or(0),
         )
     }
-}
-
-/// Closes a descriptor by number, for a copy that no owner will close (a forked child's copy
-/// of a descriptor whose owning object is leaked).
-///
-/// # Safety
-/// No live owner will use or close `fd` again.
-pub(crate) unsafe fn close_fd(fd: RawFd) {
-    // SAFETY: the caller guarantees no live owner will use or close `fd` again.
-    let _ = unsafe { raw::call(libc::SYS_close, [raw::int_arg(fd), 0, 0, 0, 0, 0]) };
 }
 
 #[cfg(test)]

@@ -247,6 +247,27 @@ pub(crate) struct Fd {
     id: (u64, u64),
 }
 
+/// A descriptor's number and identity, apart from its owner: for a forked child, which closes
+/// its copy without touching the lock its owner lives behind.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FdIdentity {
+    fd: RawFd,
+    id: (u64, u64),
+}
+
+impl FdIdentity {
+    /// Closes the descriptor if its number still names the same file. Async-signal-safe
+    /// (fstat and close).
+    ///
+    /// # Safety
+    /// No owner in this process uses or closes the descriptor again.
+    pub(crate) unsafe fn close_if_same(&self) {
+        if file_id(self.fd) == Ok(self.id) {
+            close_raw(self.fd);
+        }
+    }
+}
+
 /// `(st_dev, st_ino)` of an open descriptor.
 fn file_id(fd: RawFd) -> Result<(u64, u64), Errno> {
     // SAFETY: an all-zero stat is a valid value to be overwritten.
@@ -449,6 +470,14 @@ impl Uffd {
         self.fd.raw()
     }
 
+    /// The descriptor's number and identity (see [`FdIdentity`]).
+    pub(crate) fn identity(&self) -> FdIdentity {
+        FdIdentity {
+            fd: self.fd.fd,
+            id: self.fd.id,
+        }
+    }
+
     /// Whether the descriptor still is this userfaultfd (the program did not close it).
     pub(crate) fn still_ours(&self) -> bool {
         self.fd.still_ours()
@@ -603,13 +632,14 @@ impl Uffd {
             events: libc::POLLIN,
             revents: 0,
         };
-        let ts = timeout.map(|t| libc::timespec {
-            tv_sec: t.as_secs() as libc::time_t,
-            tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
+        // Mutable: the kernel writes the time left back into it.
+        let mut ts = timeout.map(|t| libc::timespec {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(t.subsec_nanos()),
         });
-        let tsp = ts.as_ref().map_or(0, |t| t as *const libc::timespec as usize);
-        // SAFETY: ppoll on one valid pollfd, with no timeout or a valid timespec, no signal
-        // mask change.
+        let tsp = ts.as_mut().map_or(0, |t| t as *mut libc::timespec as usize);
+        // SAFETY: ppoll on one valid pollfd, with no timeout or a valid, writable timespec, no
+        // signal mask change.
         let r = unsafe { raw::call(libc::SYS_ppoll, [&mut p as *mut libc::pollfd as usize, 1, tsp, 0, 0, 0]) };
         match r {
             Ok(_) if p.revents & libc::POLLNVAL != 0 => Err(Errno(libc::EBADF)),
