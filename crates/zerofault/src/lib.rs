@@ -5,9 +5,10 @@
 //! **prezeroing** (seeds 002/003: hand out pages a background scrub daemon zeroed earlier), and
 //! **fault scalability** (seed 004: populate empty page-table entries with atomic operations).
 //! zerofault does the same in user space, on an unmodified Linux ≥ 6.8, through userfaultfd:
-//! the engine registers the program's large anonymous regions, and a handler thread answers
-//! their missing-page faults with pages that a scrub thread prepared earlier, moved into place
-//! with `UFFDIO_MOVE` (the page frames change owner; no byte is copied).
+//! the engine registers the program's large anonymous regions, and handler threads (one by
+//! default on up to 15 CPUs, `ZEROFAULT_HANDLERS`) answer their missing-page faults with
+//! pages that a scrub thread prepared earlier, moved into place with `UFFDIO_MOVE` (the page
+//! frames change owner; no byte is copied).
 //!
 //! Why it pays (shared/notes/uffd-facts.md, this machine kind): a native 4 KiB first touch
 //! costs ~1,700 ns per page. One userfaultfd round trip costs ~15 µs, but it can install a whole
@@ -18,8 +19,8 @@
 //! ## The life of a fault
 //! 1. A thread writes to a page of a [`Region`] that has no page yet. The kernel blocks it and
 //!    queues a message on the userfaultfd: address, read or write, thread id.
-//! 2. The handler thread (`fault/`) reads it, finds the range (`region.rs`) and asks that
-//!    thread's predictor (`predict.rs`) for a window: 16 pages for a first fault, four times
+//! 2. A handler thread (`fault/`) reads it, finds the range (`region.rs`) and asks that
+//!    thread's predictor (`predict.rs`, one table the handlers share) for a window: 16 pages for a first fault, four times
 //!    more each time the fault lands where the last window ended, up to 2048 (stretched to end
 //!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
 //!    for a fault nobody predicted. Once a stream reaches 2048, its windows also cover a
@@ -63,10 +64,11 @@
 //!    cleared, so the next touch is served again and reads zero.
 //!
 //! ## Failing open
-//! Everything the engine does is an optimisation of what the kernel would do anyway. If the
+//! Everything the engine does is an optimisation of what the kernel would do anyway. If a
 //! handler thread panics, meets an errno no install expects (EPERM from a seccomp filter,
 //! EBADF, a failed wake), finds its descriptor closed or replaced by the program, or the
-//! [`Engine`] is dropped, the userfaultfd is closed; the kernel then wakes every blocked fault
+//! [`Engine`] is dropped, the userfaultfd is closed (by the last handler to leave: see
+//! docs/SCALING.md); the kernel then wakes every blocked fault
 //! and serves every later one itself. Pages already installed stay; nothing is lost, nothing
 //! hangs.
 //!
@@ -74,7 +76,7 @@
 //! The engine's threads are its own (`sys/thread.rs`): made with `clone(2)` on memory and TLS
 //! the engine set up, so that starting them calls no allocator of the program's, and started
 //! with every signal blocked. The engine holds one descriptor (the userfaultfd; Engine::drop
-//! wakes the handler by faulting on a page of its own, the doorbell). Every system call goes
+//! wakes each handler by faulting on a page of its own, its doorbell). Every system call goes
 //! through `sys/raw.rs`, which leaves the program's `errno` alone; its mappings are never
 //! locked or populated by a program's `mlockall`, and are asked for in an address zone of their
 //! own (`sys/mman.rs`). Its metadata grows with what is touched, not with what is reserved
@@ -84,8 +86,8 @@
 //!
 //! ## Where things are
 //! - [`Engine`] and the state its threads share, failing open, fork: `engine.rs`.
-//! - The life of a fault (`fault/`): the handler thread's loop and dispatch
-//!   (`fault/handler.rs`), locating a fault: range, claim, window (`fault/locate.rs`), and the
+//! - The life of a fault (`fault/`): the handler threads' loop and dispatch, and what they
+//!   share (`fault/handler.rs`; the protocol between them: docs/SCALING.md), locating a fault: range, claim, window (`fault/locate.rs`), and the
 //!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), windows
 //!   ahead (`fault/ahead.rs`), behind the `Kernel` seam the unit tests fake (`fault/tests.rs`).
 //! - Whole-PMD placement, the PMD table map and the staging area: `thp.rs`. The prefault

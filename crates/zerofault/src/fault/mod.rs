@@ -1,4 +1,6 @@
-//! The fault handler: one thread reading the userfaultfd and answering each message.
+//! The fault handlers: threads reading the userfaultfd and answering each message (one by
+//! default; `handlers` of them, each serving whichever message it reads: docs/SCALING.md has
+//! what they share and how events stay ordered).
 //!
 //! A page fault goes through three steps, each in a file named after it:
 //! 1. [`handler`]: the thread loop reads messages and dispatches them. Events (REMOVE, UNMAP,
