@@ -195,6 +195,9 @@ counters! {
     /// Fault events served by handlers other than the first (`handlers` above 1): how much
     /// of the work the others took.
     faults_on_other_handlers,
+    /// Windows an install stopped in, from the faulting page on (the rest left to the next
+    /// fault, which the predictor expects there).
+    windows_cut,
     /// Faults read by one handler on a page in the window another was installing: it waited
     /// for that install instead of putting a 4 KiB page there.
     faults_in_other_windows,

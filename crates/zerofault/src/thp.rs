@@ -228,7 +228,7 @@ impl<K: Kernel> Handler<'_, K> {
         let mut retries = 0;
         while p.done == 0 && p.errno == Some(Errno(libc::EAGAIN)) && retries < EVENT_RETRIES {
             retries += 1;
-            self.drain_events();
+            self.drain_events(retries);
             // SAFETY: as above.
             p = self.note(unsafe { self.k.move_pages(dst, addr, PMD_SIZE) });
         }

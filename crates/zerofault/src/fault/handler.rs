@@ -366,16 +366,24 @@ impl<'a, K: Kernel> Handler<'a, K> {
 
     /// Reads pending messages: events are applied now, faults deferred. Called when an install
     /// got EAGAIN without progress, i.e. an event is waiting to be read.
-    pub(crate) fn drain_events(&mut self) {
+    ///
+    /// `attempt` counts the retries of one install so far (from 1). The kernel keeps refusing
+    /// until the program thread that the event held (its munmap, madvise or mremap) runs again,
+    /// which on a busy machine takes a time slice: the first retries only yield, later ones
+    /// sleep, so that the thread gets the CPU. (Eight retries in a row within microseconds
+    /// gave up on installs while 4 threads unmapped and discarded: the thread faulted on the
+    /// same page again and again, each a miss, and the range was handed back.)
+    pub(crate) fn drain_events(&mut self, attempt: u32) {
         Stats::add(&self.stats().drained_for_events, 1);
-        if self.shared.handling.len() > 1 {
-            // The event may be another handler's to read, and `mmap_changing` stays up until
-            // the program thread it held runs again: give both time.
-            if self.read_ordered() == 0 {
-                std::thread::sleep(Duration::from_micros(50));
-            }
-        } else if self.read_pending() == 0 {
+        let read = if self.shared.handling.len() > 1 {
+            self.read_ordered()
+        } else {
+            self.read_pending()
+        };
+        if attempt <= 2 && read == 0 {
             std::thread::yield_now();
+        } else if attempt > 2 {
+            std::thread::sleep(Duration::from_micros(50 << (attempt - 3).min(4)));
         }
     }
 

@@ -18,12 +18,16 @@ impl<K: Kernel> Handler<'_, K> {
     /// Claims the window `w` of `range` for the fault at `page_addr`, installs the runs this
     /// claim won (last first), releases what did not go in, and wakes the fault if no install
     /// covered it.
-    pub(crate) fn install_window(&mut self, range: &Range, page_addr: usize, w: Located) {
+    ///
+    /// Returns the first page from the fault on that a stop left out (its thread faults there
+    /// next), if any.
+    pub(crate) fn install_window(&mut self, range: &Range, page_addr: usize, w: Located) -> Option<u64> {
         self.fault_page = page_addr;
         let mut runs = std::mem::take(&mut self.runs);
         runs.clear();
         range.map.claim(w.first, w.end - w.first, &mut runs);
         let mut woken = false;
+        let mut cut: Option<usize> = None;
         // Last run first, for the reason install_write gives.
         for &(first, n) in runs.iter().rev() {
             let dst = range.addr_of(first);
@@ -52,6 +56,9 @@ impl<K: Kernel> Handler<'_, K> {
                 }
             }
             woken |= page_addr >= dst && (page_addr < stop || page_addr < to);
+            if stop < dst + len && stop >= page_addr && !refused {
+                cut = Some(cut.map_or(stop, |c| c.min(stop)));
+            }
         }
         self.runs = runs;
         if !woken {
@@ -60,6 +67,7 @@ impl<K: Kernel> Handler<'_, K> {
         if w.outcome == Outcome::Hit && w.write {
             self.want_pool();
         }
+        cut.map(|c| range.page_of(c))
     }
 
     /// One run of a window: zero pages for a write, zero-page mappings for a read.
@@ -179,7 +187,7 @@ impl<K: Kernel> Handler<'_, K> {
                             why: Stop::Kernel(e),
                         });
                     }
-                    self.drain_events();
+                    self.drain_events(retries);
                 }
                 Some(Errno(libc::ENOENT)) if on_enoent(self, off) => {}
                 Some(e) => {

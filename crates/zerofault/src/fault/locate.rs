@@ -39,7 +39,7 @@ impl<K: Kernel> Handler<'_, K> {
             let mut retries = 0;
             while p.errno == Some(Errno(libc::EAGAIN)) && retries < EVENT_RETRIES {
                 retries += 1;
-                self.drain_events();
+                self.drain_events(retries);
                 p = self.k.zeropage(page_addr, PAGE_SIZE);
             }
             let mapped = matches!(p.errno, None | Some(Errno(libc::EEXIST)));
@@ -68,8 +68,16 @@ impl<K: Kernel> Handler<'_, K> {
         };
         if let Some(w) = self.locate(&range, page_addr, write, tid) {
             self.installing(Some((range.id, w.first, w.end)));
-            self.install_window(&range, page_addr, w);
+            let cut = self.install_window(&range, page_addr, w);
             self.installing(None);
+            if let Some(p) = cut {
+                // Part of the window was left out (an install gave up: events kept coming, or
+                // memory was short): the thread faults there next, and that fault is the
+                // stream going on, not a miss (repeated misses would hand the range back).
+                self.shared.predictors.lock(range.id, tid).get().installed_until(p);
+                Stats::add(&self.stats().windows_cut, 1);
+                return;
+            }
             if let Some((first, end)) = w.ahead {
                 self.installing(Some((range.id, first, end)));
                 let got = self.install_ahead(&range, first, end, w.write);
