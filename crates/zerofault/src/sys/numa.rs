@@ -1,0 +1,416 @@
+//! NUMA topology and memory policy: the online nodes, their CPUs, memory and distance table from
+//! sysfs (under an injectable root, so that tests read a fake tree), and the system calls
+//! `mbind`, `get_mempolicy` and `move_pages` (query mode).
+//!
+//! Not wired into the pools yet (issue 11): the engine still runs one pool. What is here is
+//! what node-aware pools will stand on, tested over fake trees and, for the system calls, on
+//! this one-node machine.
+
+use super::raw::{self, Errno};
+use std::io;
+use std::path::Path;
+
+/// Nodes a [`NodeMask`] can name: the kernel's `MAX_NUMNODES` on x86-64 distribution kernels
+/// (`CONFIG_NODES_SHIFT=10`).
+pub(crate) const MAX_NODES: usize = 1024;
+const WORDS: usize = MAX_NODES / 64;
+
+/// A set of node ids, laid out as the kernel's `nodemask_t` (bit n of word n / 64).
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct NodeMask([u64; WORDS]);
+
+impl std::fmt::Debug for NodeMask {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_set().entries(self.iter()).finish()
+    }
+}
+
+impl NodeMask {
+    /// The mask of the listed nodes (ids at or above [`MAX_NODES`] are left out).
+    pub(crate) fn of(nodes: impl IntoIterator<Item = u32>) -> NodeMask {
+        let mut m = NodeMask::default();
+        for n in nodes {
+            m.insert(n);
+        }
+        m
+    }
+
+    pub(crate) fn insert(&mut self, n: u32) {
+        if let Some(w) = self.0.get_mut(n as usize / 64) {
+            *w |= 1 << (n % 64);
+        }
+    }
+
+    pub(crate) fn contains(&self, n: u32) -> bool {
+        self.0.get(n as usize / 64).is_some_and(|w| w & (1 << (n % 64)) != 0)
+    }
+
+    /// Nodes in the mask.
+    pub(crate) fn weight(&self) -> u32 {
+        self.0.iter().map(|w| w.count_ones()).sum()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.iter().all(|w| *w == 0)
+    }
+
+    /// The node ids, ascending.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = u32> + '_ {
+        (0u32..)
+            .zip(self.0.iter())
+            .flat_map(|(i, &w)| (0..64u32).filter(move |b| w & (1 << b) != 0).map(move |b| i * 64 + b))
+    }
+
+    /// The `k`-th node of the mask (from 0, ascending), as the kernel's interleave counts.
+    pub(crate) fn nth(&self, k: u64) -> Option<u32> {
+        self.iter().nth(usize::try_from(k).ok()?)
+    }
+}
+
+/// Parses a sysfs list (`0-3,8,10-11`) into ids; `None` if it is malformed.
+pub(crate) fn parse_list(s: &str) -> Option<Vec<u32>> {
+    let s = s.trim();
+    let mut v = Vec::new();
+    if s.is_empty() {
+        return Some(v);
+    }
+    for part in s.split(',') {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (u32, u32) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if a > b || b - a > 1 << 16 {
+                    return None;
+                }
+                v.extend(a..=b);
+            }
+            None => v.push(part.trim().parse().ok()?),
+        }
+    }
+    Some(v)
+}
+
+/// One online node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Node {
+    pub(crate) id: u32,
+    pub(crate) cpus: Vec<u32>,
+    /// `MemTotal` of the node's meminfo, in bytes (0 for a node without memory: a CPU-only
+    /// node, which takes no pool).
+    pub(crate) mem_total: u64,
+    /// Distance to each online node, in the order of [`Topology::nodes`].
+    pub(crate) distance: Vec<u32>,
+}
+
+/// The online nodes and their distances, as sysfs gives them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Topology {
+    pub(crate) nodes: Vec<Node>,
+}
+
+fn read(root: &Path, rel: &str) -> io::Result<String> {
+    std::fs::read_to_string(root.join(rel))
+}
+
+fn malformed(what: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, what)
+}
+
+impl Topology {
+    /// One node 0 holding every CPU: a kernel without NUMA (no `devices/system/node`), and
+    /// what the engine runs as when the tree cannot be read.
+    pub(crate) fn single(cpus: u32) -> Topology {
+        Topology {
+            nodes: vec![Node {
+                id: 0,
+                cpus: (0..cpus.max(1)).collect(),
+                mem_total: 0,
+                distance: vec![10],
+            }],
+        }
+    }
+
+    /// Reads `root/devices/system/node` (root `/sys` on a real system): `online`, and each
+    /// node's `cpulist`, `meminfo` and `distance`.
+    pub(crate) fn read(root: &Path) -> io::Result<Topology> {
+        let base = "devices/system/node";
+        let online = read(root, &format!("{base}/online"))?;
+        let ids = parse_list(&online).ok_or_else(|| malformed(format!("{base}/online: {online:?}")))?;
+        if ids.is_empty() {
+            return Err(malformed(format!("{base}/online lists no node")));
+        }
+        let mut nodes = Vec::with_capacity(ids.len());
+        for &id in &ids {
+            let dir = format!("{base}/node{id}");
+            let cpulist = read(root, &format!("{dir}/cpulist"))?;
+            let cpus = parse_list(&cpulist).ok_or_else(|| malformed(format!("{dir}/cpulist: {cpulist:?}")))?;
+            let meminfo = read(root, &format!("{dir}/meminfo"))?;
+            // "Node 0 MemTotal:       24573484 kB"
+            let mem_total = meminfo
+                .lines()
+                .find_map(|l| {
+                    let rest = l.split_once("MemTotal:")?.1;
+                    rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
+                })
+                .ok_or_else(|| malformed(format!("{dir}/meminfo has no MemTotal")))?
+                * 1024;
+            // One distance per node of the system, in id order, possible nodes included on
+            // some kernels: keep the online ones.
+            let row = read(root, &format!("{dir}/distance"))?;
+            let all: Vec<u32> = row
+                .split_whitespace()
+                .map(|d| d.parse().map_err(|_| malformed(format!("{dir}/distance: {row:?}"))))
+                .collect::<Result<_, _>>()?;
+            let distance = ids
+                .iter()
+                .map(|&to| {
+                    // The row has one entry per node up to the highest online id at least.
+                    all.get(to as usize)
+                        .copied()
+                        .ok_or_else(|| malformed(format!("{dir}/distance: {row:?}")))
+                })
+                .collect::<Result<_, _>>()?;
+            nodes.push(Node {
+                id,
+                cpus,
+                mem_total,
+                distance,
+            });
+        }
+        Ok(Topology { nodes })
+    }
+
+    /// The position of node `id` in [`Topology::nodes`].
+    pub(crate) fn index(&self, id: u32) -> Option<usize> {
+        self.nodes.iter().position(|n| n.id == id)
+    }
+
+    /// The node whose CPU list holds `cpu`.
+    pub(crate) fn node_of_cpu(&self, cpu: u32) -> Option<u32> {
+        self.nodes.iter().find(|n| n.cpus.contains(&cpu)).map(|n| n.id)
+    }
+
+    /// The distance from node `a` to node `b` (`u32::MAX` if either is not online).
+    pub(crate) fn distance(&self, a: u32, b: u32) -> u32 {
+        match (self.index(a), self.index(b)) {
+            (Some(i), Some(j)) => self.nodes[i].distance[j],
+            _ => u32::MAX,
+        }
+    }
+
+    /// The nodes with memory, nearest to `from` first (the kernel's zonelist order: by
+    /// distance, ties by id); `from` itself first when it has memory.
+    pub(crate) fn by_distance(&self, from: u32) -> Vec<u32> {
+        let mut v: Vec<u32> = self
+            .nodes
+            .iter()
+            .filter(|n| n.mem_total > 0 || self.nodes.len() == 1)
+            .map(|n| n.id)
+            .collect();
+        v.sort_by_key(|&n| (self.distance(from, n), n != from, n));
+        v
+    }
+
+    /// Every online node id.
+    pub(crate) fn online(&self) -> NodeMask {
+        NodeMask::of(self.nodes.iter().map(|n| n.id))
+    }
+}
+
+/// `mode` values of `set_mempolicy(2)`, `mbind(2)` and `get_mempolicy(2)`.
+pub(crate) const MPOL_DEFAULT: i32 = 0;
+pub(crate) const MPOL_PREFERRED: i32 = 1;
+pub(crate) const MPOL_BIND: i32 = 2;
+pub(crate) const MPOL_INTERLEAVE: i32 = 3;
+pub(crate) const MPOL_LOCAL: i32 = 4;
+pub(crate) const MPOL_PREFERRED_MANY: i32 = 5;
+pub(crate) const MPOL_WEIGHTED_INTERLEAVE: i32 = 6;
+/// The mode flags get_mempolicy returns in the mode's high bits (static, relative nodes,
+/// NUMA balancing): masked off.
+const MPOL_MODE_FLAGS: i32 = (1 << 15) | (1 << 14) | (1 << 13);
+const MPOL_F_ADDR: usize = 1 << 1;
+
+/// The memory policy of the mapping holding `addr`: its mode (flags masked off) and node
+/// mask. `MPOL_DEFAULT` means the mapping has none of its own (the faulting thread's policy
+/// applies, which only that thread can read).
+pub(crate) fn policy_of(addr: usize) -> Result<(i32, NodeMask), Errno> {
+    let mut mode: i32 = 0;
+    let mut mask = NodeMask::default();
+    // SAFETY: `mode` and `mask` are valid for writes; maxnode is the mask's size in bits.
+    unsafe {
+        raw::call(
+            libc::SYS_get_mempolicy,
+            [
+                &mut mode as *mut i32 as usize,
+                mask.0.as_mut_ptr() as usize,
+                MAX_NODES,
+                addr,
+                MPOL_F_ADDR,
+                0,
+            ],
+        )
+    }?;
+    Ok((mode & !MPOL_MODE_FLAGS, mask))
+}
+
+/// Binds `[addr, addr + len)` to `mode` over `nodes` (`mbind(2)` with no flags: pages already
+/// there stay where they are). For the engine's own rings.
+///
+/// # Safety
+/// The caller owns the range (a policy changes where its future pages come from, not what
+/// they hold).
+pub(crate) unsafe fn mbind(addr: usize, len: usize, mode: i32, nodes: &NodeMask) -> Result<(), Errno> {
+    // SAFETY: the mask is valid for reads of MAX_NODES bits; the caller owns the range.
+    unsafe {
+        raw::call(
+            libc::SYS_mbind,
+            [
+                addr,
+                len,
+                raw::int_arg(mode),
+                nodes.0.as_ptr() as usize,
+                MAX_NODES + 1,
+                0,
+            ],
+        )
+    }
+    .map(|_| ())
+}
+
+/// The node of each page at `pages` in this process (`move_pages(2)` in query mode), into
+/// `out`: a node id, or a negative errno (`-ENOENT`: not present, `-EFAULT`: not mapped).
+pub(crate) fn nodes_of(pages: &[usize], out: &mut [i32]) -> Result<(), Errno> {
+    assert_eq!(pages.len(), out.len());
+    // SAFETY: pid 0 is this process; `pages` holds `len` addresses to read, `out` `len` ints
+    // to write; no node list (query only), so nothing moves.
+    unsafe {
+        raw::call(
+            libc::SYS_move_pages,
+            [0, pages.len(), pages.as_ptr() as usize, 0, out.as_mut_ptr() as usize, 0],
+        )
+    }
+    .map(|_| ())
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    /// A fake `devices/system/node` tree under a temporary root: `nodes` as (id, cpulist,
+    /// MemTotal in kB, distance row).
+    pub(crate) fn fake_tree(name: &str, online: &str, nodes: &[(u32, &str, u64, &str)]) -> PathBuf {
+        let root = std::env::temp_dir().join(format!("zerofault-numa-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let base = root.join("devices/system/node");
+        std::fs::create_dir_all(&base).unwrap();
+        std::fs::write(base.join("online"), format!("{online}\n")).unwrap();
+        for &(id, cpus, kb, dist) in nodes {
+            let d = base.join(format!("node{id}"));
+            std::fs::create_dir_all(&d).unwrap();
+            std::fs::write(d.join("cpulist"), format!("{cpus}\n")).unwrap();
+            std::fs::write(
+                d.join("meminfo"),
+                format!("Node {id} MemTotal:       {kb} kB\nNode {id} MemFree:        1 kB\n"),
+            )
+            .unwrap();
+            std::fs::write(d.join("distance"), format!("{dist}\n")).unwrap();
+        }
+        root
+    }
+
+    #[test]
+    fn lists_parse_as_sysfs_writes_them() {
+        assert_eq!(parse_list("0-3,8,10-11\n"), Some(vec![0, 1, 2, 3, 8, 10, 11]));
+        assert_eq!(parse_list("5"), Some(vec![5]));
+        assert_eq!(parse_list(""), Some(vec![]));
+        assert_eq!(parse_list("3-1"), None);
+        assert_eq!(parse_list("a"), None);
+    }
+
+    #[test]
+    fn masks_count_and_pick_the_nth_node_as_the_kernel_does() {
+        let m = NodeMask::of([1, 3, 64, 200]);
+        assert_eq!(m.weight(), 4);
+        assert!(m.contains(64) && !m.contains(2));
+        assert_eq!(m.iter().collect::<Vec<_>>(), [1, 3, 64, 200]);
+        assert_eq!((m.nth(0), m.nth(3), m.nth(4)), (Some(1), Some(200), None));
+        assert!(NodeMask::default().is_empty());
+    }
+
+    #[test]
+    fn a_four_node_tree_reads_with_its_distances_and_a_cpu_less_node() {
+        let root = fake_tree(
+            "four",
+            "0-3",
+            &[
+                (0, "0-1", 1 << 20, "10 20 30 30"),
+                (1, "2-3", 1 << 20, "20 10 30 30"),
+                (2, "", 0, "30 30 10 20"),
+                (3, "4-5", 1 << 20, "30 30 20 10"),
+            ],
+        );
+        let t = Topology::read(&root).unwrap();
+        assert_eq!(t.nodes.len(), 4);
+        assert_eq!(t.nodes[1].cpus, [2, 3]);
+        assert_eq!(t.nodes[0].mem_total, 1 << 30);
+        assert_eq!((t.node_of_cpu(5), t.node_of_cpu(9)), (Some(3), None));
+        assert_eq!(
+            (t.distance(0, 3), t.distance(3, 2), t.distance(0, 7)),
+            (30, 20, u32::MAX)
+        );
+        // Node 2 has no memory: never a place for pages. Ties at 30 go by id.
+        assert_eq!(t.by_distance(0), [0, 1, 3]);
+        assert_eq!(t.by_distance(3), [3, 0, 1]);
+        assert_eq!(t.by_distance(2), [3, 0, 1]);
+        assert_eq!(t.online(), NodeMask::of([0, 1, 2, 3]));
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_sparse_online_list_keeps_the_online_columns_of_the_distance_rows() {
+        // Nodes 0 and 2 online; rows list every possible node.
+        let root = fake_tree(
+            "sparse",
+            "0,2",
+            &[(0, "0", 1024, "10 15 21"), (2, "1", 1024, "21 15 10")],
+        );
+        let t = Topology::read(&root).unwrap();
+        assert_eq!(t.nodes[0].distance, [10, 21]);
+        assert_eq!(t.by_distance(2), [2, 0]);
+        std::fs::remove_dir_all(root).unwrap();
+    }
+
+    #[test]
+    fn a_malformed_tree_is_an_error_not_a_guess() {
+        let root = fake_tree("bad", "0-1", &[(0, "0", 1024, "10 20"), (1, "1", 1024, "20 x")]);
+        assert!(Topology::read(&root).is_err());
+        std::fs::remove_dir_all(&root).unwrap();
+        assert!(Topology::read(&root).is_err(), "no tree at all");
+    }
+
+    #[test]
+    fn this_machine_reads_and_its_pages_are_on_an_online_node() {
+        let t = match Topology::read(Path::new("/sys")) {
+            Ok(t) => t,
+            // A kernel built without NUMA has no node directory: one node.
+            Err(_) if !Path::new("/sys/devices/system/node").exists() => Topology::single(1),
+            Err(e) => panic!("/sys/devices/system/node is there but unreadable: {e}"),
+        };
+        assert!(!t.nodes.is_empty());
+        let m = crate::sys::mman::Mapping::new(1 << 21, crate::sys::mman::Thp::Never).unwrap();
+        let a = m.as_ptr() as usize;
+        // SAFETY: our own mapping.
+        unsafe { (a as *mut u8).write_volatile(1) };
+        let mut out = [i32::MIN; 2];
+        nodes_of(&[a, a + 4096], &mut out).unwrap();
+        let node = u32::try_from(out[0]).unwrap();
+        assert!(t.online().contains(node), "{out:?}");
+        assert_eq!(out[1], -libc::ENOENT, "an untouched page is on no node");
+        let (mode, _) = policy_of(a).unwrap();
+        assert_eq!(mode, MPOL_DEFAULT, "a fresh mapping has no policy of its own");
+        // SAFETY: our own mapping; binding it changes where its next pages come from.
+        unsafe { mbind(a, 1 << 21, MPOL_BIND, &NodeMask::of([node])) }.unwrap();
+        let (mode, mask) = policy_of(a).unwrap();
+        assert_eq!((mode, mask), (MPOL_BIND, NodeMask::of([node])));
+    }
+}
