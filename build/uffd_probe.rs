@@ -6,7 +6,8 @@
 //! (never as passed). With `ZEROFAULT_REQUIRE_UFFD=1` (CI) the flag is never set: the tests run
 //! and fail with the reason when userfaultfd is missing.
 //!
-//! Likewise `zerofault_no_stress_ng` when `stress-ng` is not on the PATH (one test runs it).
+//! Likewise `zerofault_no_stress_ng` when `stress-ng` is not on the PATH (one test runs it),
+//! and `zerofault_no_qemu` when `qemu-system-x86_64` is not (the multi-node VM tests).
 //!
 //! For the shim (`zerofault-preload`) it also links GCC's unwinder into the library
 //! ([`static_unwinder`]).
@@ -51,9 +52,9 @@ fn probe() -> Result<(), String> {
     Ok(())
 }
 
-/// Whether `stress-ng` is on the PATH (the shim's tests run it; `.ci/run` installs it).
-fn has_stress_ng() -> bool {
-    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join("stress-ng").is_file()))
+/// Whether `program` is on the PATH.
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
 }
 
 /// The shim is loaded into every process started under it, most of which never use it: its
@@ -203,15 +204,24 @@ fn main() {
     embed_shim();
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_uffd)");
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_stress_ng)");
+    println!("cargo:rustc-check-cfg=cfg(zerofault_no_qemu)");
     println!("cargo:rerun-if-env-changed=ZEROFAULT_REQUIRE_UFFD");
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-changed=/proc/sys/vm/unprivileged_userfaultfd");
     println!("cargo:rerun-if-changed=/dev/userfaultfd");
     println!("cargo:rerun-if-changed=/usr/bin/stress-ng");
+    println!("cargo:rerun-if-changed=/usr/bin/qemu-system-x86_64");
     if std::env::var("ZEROFAULT_REQUIRE_UFFD").as_deref() == Ok("1") {
         return;
     }
-    if !has_stress_ng() {
+    if !on_path("qemu-system-x86_64") {
+        println!("cargo:rustc-cfg=zerofault_no_qemu");
+        println!(
+            "cargo:warning=qemu-system-x86_64 is not installed: the multi-node VM tests are marked \
+             ignored (apt-get install qemu-system-x86; .ci/run installs it)"
+        );
+    }
+    if !on_path("stress-ng") {
         println!("cargo:rustc-cfg=zerofault_no_stress_ng");
         println!(
             "cargo:warning=stress-ng is not installed: the shim's stress-ng test is marked ignored \
