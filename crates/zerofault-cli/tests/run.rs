@@ -401,3 +401,26 @@ fn verbose_says_whether_the_engine_started_and_why_not() {
     assert!(s.contains("is statically linked"), "{s}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Threads that make their first large request at once are all served by the engine: the
+/// first loads the shim, the others wait for the load (before, they went to the next allocator
+/// while it ran: one buffer of four served in 1 run of 3-6). Eight runs.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn threads_whose_first_large_requests_come_at_once_are_all_served() {
+    let dir = temp_dir("first-large");
+    let prog = cc("first_large", &dir, false);
+    for run in 0..8 {
+        let (plain, shim) = both(prog.to_str().unwrap(), &[], &dir);
+        assert!(plain.status.success(), "{}", String::from_utf8_lossy(&plain.stdout));
+        assert_same(&plain, &shim);
+        // 4 threads x 32 MiB, one page each 4 KiB.
+        let served = pages_served(&shim);
+        assert!(
+            served >= 4 * 8192,
+            "run {run}: {served} pages served of 32768\n{}",
+            String::from_utf8_lossy(&shim.stderr)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -39,6 +39,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
@@ -355,12 +356,38 @@ static int load(void) {
     return ok;
 }
 
-/* The shim, loaded now if this request is large. */
+/* How long a large request made while another thread loads the shim waits for the load (well
+ * under a millisecond here) before it goes to the next allocator, as every such request did
+ * before: several threads making their first large request at once got one served and the
+ * others not (1 run in 3-6). Bounded, because the request may come with a lock the loading
+ * thread needs (the dynamic loader's, from a constructor that allocates). */
+#define LOAD_WAIT_NS 50000000L
+
+static int wait_loaded(void) {
+    struct timespec t0, now;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        int s = load_state();
+        if (s != LOADING)
+            return s == READY;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if ((now.tv_sec - t0.tv_sec) * 1000000000L + (now.tv_nsec - t0.tv_nsec) > LOAD_WAIT_NS)
+            return 0;
+        sched_yield();
+    }
+}
+
+/* The shim, loaded now if this request is large (or waited for, if another thread is loading
+ * it). */
 static inline int shim_for(size_t n) {
     int s = load_state();
     if (s == READY)
         return 1;
-    return n >= ZF_FRONT_THRESHOLD && s == IDLE && load();
+    if (n < ZF_FRONT_THRESHOLD)
+        return 0;
+    if (s == IDLE)
+        return load();
+    return s == LOADING && wait_loaded();
 }
 
 static void fork_prepare(void) {

@@ -20,7 +20,7 @@ use std::sync::OnceLock;
 const UNINIT: u8 = 0;
 /// Loaded; the engine starts on the first large request.
 const IDLE: u8 = 1;
-/// One thread is starting the engine; the others pass through meanwhile.
+/// One thread is starting the engine; the others wait for it (at most `START_WAIT`).
 const STARTING: u8 = 2;
 const READY: u8 = 3;
 /// Disabled, refused options, or the engine could not start: every hook passes through.
@@ -223,11 +223,26 @@ pub fn running() -> Option<&'static Engine> {
     (!e.is_null()).then(|| unsafe { &*e })
 }
 
-/// The engine, started now if this is the first large request. `None` on engine threads, in
-/// vfork children, while another thread is starting it, and when it is off.
+/// How long a large request made while another thread starts the engine waits for it (a
+/// start takes about a millisecond) before it passes through, as every such request did
+/// before: threads making their first large request at once got one block served and the
+/// others not (all four served in 2 runs of 10). Bounded, because the request may come with a
+/// lock the starting thread needs.
+const START_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// The engine, started now if this is the first large request (or waited for, at most
+/// [`START_WAIT`], if another thread is starting it). `None` on engine threads, in vfork
+/// children, and when it is off.
 pub fn engine() -> Option<&'static Engine> {
-    if STATE.load(Acquire) == IDLE && !engine::in_engine_thread() && OWNER_PID.load(Acquire) == getpid() {
-        start();
+    let mine = || !engine::in_engine_thread() && OWNER_PID.load(Acquire) == getpid();
+    if STATE.load(Acquire) == IDLE && mine() {
+        start(); // returns at once if another thread won the start
+    }
+    if STATE.load(Acquire) == STARTING && mine() {
+        let t0 = std::time::Instant::now();
+        while STATE.load(Acquire) == STARTING && t0.elapsed() < START_WAIT {
+            std::thread::yield_now();
+        }
     }
     running()
 }
