@@ -1,5 +1,5 @@
 /* One thread per CPU, each pinned to its CPU, each writes `mib` MiB (argv[1], default 64) of a
- * buffer of its own from malloc, one byte per 4 KiB page, then asks move_pages(2) (query mode)
+ * buffer of its own (malloc family, 2 MiB aligned), one byte per 4 KiB page, then asks move_pages(2) (query mode)
  * which node each page is on. Prints one line per thread: its CPU, its CPU's node, the pages on
  * that node and the pages elsewhere: "cpu=C node=N local=L remote=R". For the multi-node VM
  * tests (crates/zerofault-cli/tests/vm.rs): natively every page is on the thread's node. */
@@ -29,8 +29,10 @@ static void *run(void *arg) {
     CPU_SET(cpu, &set);
     if (sched_setaffinity(0, sizeof set, &set)) { perror("sched_setaffinity"); exit(1); }
     size_t len = mib << 20, pages = len >> 12;
-    unsigned char *p = malloc(len);
-    if (!p) { perror("malloc"); exit(1); }
+    /* Whole 2 MiB PMDs: natively a transparent huge page that straddled two threads'
+     * buffers (adjacent mappings merge) would be allocated by whichever touched it first. */
+    unsigned char *p;
+    if (posix_memalign((void **)&p, 2 << 20, len)) { perror("posix_memalign"); exit(1); }
     for (size_t i = 0; i < len; i += 4096) p[i] = 1;
     void **addrs = malloc(pages * sizeof *addrs);
     int *status = malloc(pages * sizeof *status);
