@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     pub(crate) event_order: Mutex<()>,
     /// Handler threads running (see [`Shared::handler_left`]).
     pub(crate) live_handlers: AtomicUsize,
+    /// The NUMA topology, where more than one node has memory (`None` on one node: nothing
+    /// NUMA is done at all). See `Handler::steer`.
+    pub(crate) topology: Option<crate::sys::numa::Topology>,
     /// The descriptor's number and identity, for a forked child to close its copy without the
     /// lock around it (see [`Engine::close_after_fork`]).
     pub(crate) uffd_identity: Option<FdIdentity>,
@@ -303,6 +306,9 @@ impl Engine {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             uffd_identity: Some(identity),
+            topology: crate::sys::numa::Topology::read(std::path::Path::new("/sys"))
+                .ok()
+                .filter(|t| t.nodes.iter().filter(|n| n.mem_total > 0).count() > 1),
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,
@@ -725,6 +731,7 @@ impl Shared {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             uffd_identity: None,
+            topology: None,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,

@@ -195,6 +195,9 @@ counters! {
     /// Fault events served by handlers other than the first (`handlers` above 1): how much
     /// of the work the others took.
     faults_on_other_handlers,
+    /// Times a handler made a faulting thread's node its preferred one (several NUMA nodes
+    /// only): its copies and huge pages then come from that node.
+    numa_steers,
     /// Windows an install stopped in, from the faulting page on (the rest left to the next
     /// fault, which the predictor expects there).
     windows_cut,

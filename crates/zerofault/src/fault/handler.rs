@@ -18,6 +18,12 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Faulting threads whose node a handler keeps (see `Handler::steer`).
+const THREAD_NODES: usize = 64;
+/// How long a thread's node is taken as known: a thread that moves to another node meanwhile
+/// gets a window or two from the old one.
+const NODE_TTL: Duration = Duration::from_millis(10);
+
 /// Times an install is retried after draining events before giving up on it.
 pub(crate) const EVENT_RETRIES: u32 = 8;
 
@@ -193,6 +199,11 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) mapping_events: u64,
     /// This handler's number: its staging area, doorbell and `handling` bracket.
     pub(crate) index: usize,
+    /// The node this handler thread prefers now (`set_mempolicy`), with several nodes: the last
+    /// faulting thread's (see [`Handler::steer`]).
+    pub(crate) preferred: Option<u32>,
+    /// Faulting threads' nodes as last read, by thread id modulo the length: (tid, node, when).
+    pub(crate) thread_nodes: [Option<(u32, Option<u32>, Instant)>; THREAD_NODES],
     /// `Options::ahead`, except that with several handlers `wake` works as `fault`: the
     /// thread's next fault may reach another handler while this one still installs the window
     /// ahead, and would be predicted against a stream not yet updated.
@@ -245,6 +256,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
             mapping: None,
             mapping_events: 0,
             index,
+            preferred: None,
+            thread_nodes: [None; THREAD_NODES],
             ahead: match opts.ahead {
                 AheadMode::Wake if shared.handling.len() > 1 => AheadMode::Fault,
                 a => a,
@@ -322,6 +335,32 @@ impl<'a, K: Kernel> Handler<'a, K> {
                 self.shared.ranges.remap(from, to, len, seq);
             }
             Msg::Fork | Msg::Unknown(_) => {}
+        }
+    }
+
+    /// With several NUMA nodes: makes the faulting thread's node (the node of the CPU it
+    /// faulted on) this handler's preferred node, so that the pages the kernel allocates for
+    /// this fault's installs (copies, a populate of the staging area) come from the node its
+    /// own fault would have used. A mapping's own policy (`mbind`) still comes first: the
+    /// kernel applies it. Pool pages are where the scrub made them: per-node pools are issue
+    /// 11's next step. One node: nothing is done.
+    pub(crate) fn steer(&mut self, tid: u32) {
+        let Some(t) = self.shared.topology.as_ref() else { return };
+        // Reading the thread's CPU costs ~4 µs (open, read, close of its stat file), a quarter
+        // of a fault's round trip: a thread's node is kept for NODE_TTL.
+        let now = Instant::now();
+        let slot = &mut self.thread_nodes[tid as usize % THREAD_NODES];
+        let node = match *slot {
+            Some((id, node, at)) if id == tid && now.duration_since(at) < NODE_TTL => node,
+            _ => {
+                let node = crate::sys::numa::cpu_of_thread(tid).and_then(|c| t.node_of_cpu(c));
+                *slot = Some((tid, node, now));
+                node
+            }
+        };
+        if node.is_some() && node != self.preferred && crate::sys::numa::prefer(node).is_ok() {
+            self.preferred = node;
+            Stats::add(&self.stats().numa_steers, 1);
         }
     }
 

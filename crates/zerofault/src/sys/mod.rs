@@ -31,7 +31,10 @@ pub(crate) mod alloc;
 pub(crate) mod mman;
 #[cfg_attr(
     not(test),
-    expect(dead_code, reason = "the node topology, not used by the engine yet (issue 11)")
+    expect(
+        dead_code,
+        reason = "partly used: the policy calls wait for per-node pools (issue 11)"
+    )
 )]
 pub(crate) mod numa;
 pub(crate) mod raw;

@@ -291,6 +291,94 @@ pub(crate) fn nodes_of(pages: &[usize], out: &mut [i32]) -> Result<(), Errno> {
     .map(|_| ())
 }
 
+/// Makes `node` the calling thread's preferred node (`set_mempolicy(MPOL_PREFERRED)`), or
+/// gives it back the default local policy (`None`). Pages the thread makes the kernel allocate
+/// from then on (a UFFDIO_COPY's, a populate's) come from that node first, where the
+/// destination mapping has no policy of its own.
+pub(crate) fn prefer(node: Option<u32>) -> Result<(), Errno> {
+    let (mode, mask) = match node {
+        Some(n) => (MPOL_PREFERRED, NodeMask::of([n])),
+        None => (MPOL_DEFAULT, NodeMask::default()),
+    };
+    let (ptr, max) = match node {
+        Some(_) => (mask.0.as_ptr() as usize, MAX_NODES + 1),
+        None => (0, 0),
+    };
+    // SAFETY: the mask, when given, is valid for reads of MAX_NODES bits; the call changes
+    // only the calling thread's policy.
+    unsafe { raw::call(libc::SYS_set_mempolicy, [raw::int_arg(mode), ptr, max, 0, 0, 0]) }.map(|_| ())
+}
+
+/// The CPU thread `tid` of this process last ran on (field 39 of `/proc/self/task/<tid>/stat`):
+/// for a thread blocked in a page fault, the CPU it faulted on, whose node the kernel would
+/// have allocated from. Raw system calls and a stack buffer: no allocation, for engine threads.
+pub(crate) fn cpu_of_thread(tid: u32) -> Option<u32> {
+    let mut path = [0u8; 48];
+    let prefix = b"/proc/self/task/";
+    path[..prefix.len()].copy_from_slice(prefix);
+    let mut at = prefix.len();
+    let digits = tid.to_string_lossless();
+    path[at..at + digits.1].copy_from_slice(&digits.0[..digits.1]);
+    at += digits.1;
+    path[at..at + 5].copy_from_slice(b"/stat");
+    // path[at + 5] stays 0: the terminator.
+    // SAFETY: openat with a NUL-terminated path in `path`; the result is checked.
+    let fd = unsafe {
+        raw::call(
+            libc::SYS_openat,
+            [
+                raw::int_arg(libc::AT_FDCWD),
+                path.as_ptr() as usize,
+                raw::int_arg(libc::O_RDONLY | libc::O_CLOEXEC),
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+    .ok()?;
+    let mut buf = [0u8; 1024];
+    // SAFETY: read into `buf`, at most its length.
+    let n = unsafe { raw::call(libc::SYS_read, [fd, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0]) };
+    // SAFETY: closes the descriptor opened above, once.
+    let _ = unsafe { raw::call(libc::SYS_close, [fd, 0, 0, 0, 0, 0]) };
+    processor_field(&buf[..n.ok()?])
+}
+
+/// Field 39 (`processor`) of a `/proc/<pid>/stat` line. The second field, the command name in
+/// parentheses, may hold spaces and parentheses itself: fields are counted after its last `)`.
+pub(crate) fn processor_field(stat: &[u8]) -> Option<u32> {
+    let close = stat.iter().rposition(|&b| b == b')')?;
+    let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
+    // After the name: field 3 (state) is the first.
+    rest.split_ascii_whitespace().nth(39 - 3)?.parse().ok()
+}
+
+/// Decimal digits of an integer into a fixed buffer (no allocation).
+trait Digits {
+    fn to_string_lossless(self) -> ([u8; 10], usize);
+}
+
+impl Digits for u32 {
+    fn to_string_lossless(self) -> ([u8; 10], usize) {
+        let mut out = [0u8; 10];
+        let mut tmp = [0u8; 10];
+        let (mut v, mut n) = (self, 0);
+        loop {
+            tmp[n] = b'0' + (v % 10) as u8;
+            n += 1;
+            v /= 10;
+            if v == 0 {
+                break;
+            }
+        }
+        for i in 0..n {
+            out[i] = tmp[n - 1 - i];
+        }
+        (out, n)
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -316,6 +404,40 @@ pub(crate) mod tests {
             std::fs::write(d.join("distance"), format!("{dist}\n")).unwrap();
         }
         root
+    }
+
+    #[test]
+    fn the_processor_field_is_counted_after_the_command_name() {
+        let line = b"1234 (a (weird) name) S 1 1234 1234 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 \
+                     12345 1000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 7 0 0 0 0 0";
+        assert_eq!(processor_field(line), Some(7));
+        assert_eq!(processor_field(b"1 (x) S 1 2"), None);
+        assert_eq!(u32::MAX.to_string_lossless().1, 10);
+        assert_eq!(&0u32.to_string_lossless().0[..1], b"0");
+    }
+
+    #[test]
+    fn a_thread_reads_the_cpu_it_runs_on_and_can_prefer_a_node() {
+        // Pinned to its CPU, the thread reads its own: the field is the one the kernel fills.
+        let cpu = u32::try_from(crate::sys::thread::online_cpus() - 1).unwrap();
+        let got = std::thread::spawn(move || {
+            // SAFETY: an all-zero cpu_set_t is the empty set.
+            let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+            // SAFETY: CPU_SET on a zeroed set we own.
+            unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+            // SAFETY: sched_setaffinity of the calling thread with a valid set.
+            let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+            assert_eq!(r, 0);
+            let tid = crate::sys::thread::gettid();
+            // Preferring node 0 (always online) and going back to the default both succeed.
+            prefer(Some(0)).unwrap();
+            prefer(None).unwrap();
+            cpu_of_thread(tid)
+        })
+        .join()
+        .unwrap();
+        assert_eq!(got, Some(cpu));
+        assert_eq!(cpu_of_thread(u32::MAX), None, "no such thread");
     }
 
     #[test]
