@@ -351,8 +351,10 @@ static int load(void) {
     }
     tls.in_hook--;
     errno = saved;
-    unblock(&mask);
+    /* Before the signals come back: a handler that makes a large request in between would
+     * otherwise wait for this very thread (see wait_loaded). */
     __atomic_store_n(&state, ok ? READY : OFF, __ATOMIC_RELEASE);
+    unblock(&mask);
     return ok;
 }
 
@@ -363,7 +365,13 @@ static int load(void) {
  * thread needs (the dynamic loader's, from a constructor that allocates). */
 #define LOAD_WAIT_NS 50000000L
 
+/* Set once a wait ran out: the load is stuck (on a lock the waiter's thread holds, say), and
+ * later requests pass through at once instead of waiting the bound again each time. */
+static int load_wait_gave_up; /* atomic */
+
 static int wait_loaded(void) {
+    if (__atomic_load_n(&load_wait_gave_up, __ATOMIC_RELAXED))
+        return 0;
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     for (;;) {
@@ -371,8 +379,10 @@ static int wait_loaded(void) {
         if (s != LOADING)
             return s == READY;
         clock_gettime(CLOCK_MONOTONIC, &now);
-        if ((now.tv_sec - t0.tv_sec) * 1000000000L + (now.tv_nsec - t0.tv_nsec) > LOAD_WAIT_NS)
+        if ((now.tv_sec - t0.tv_sec) * 1000000000L + (now.tv_nsec - t0.tv_nsec) > LOAD_WAIT_NS) {
+            __atomic_store_n(&load_wait_gave_up, 1, __ATOMIC_RELAXED);
             return 0;
+        }
         sched_yield();
     }
 }
@@ -398,6 +408,11 @@ static void fork_parent(void) { __atomic_store_n(&priv_lock, 0, __ATOMIC_RELEASE
 static void fork_child(void) {
     __atomic_store_n(&priv_lock, 0, __ATOMIC_RELEASE);
     __atomic_store_n(&owner_forked, 1, __ATOMIC_RELEASE);
+    /* A load in progress in another thread of the parent never ends here: that thread is not
+     * in the child. Running without the shim, the child's large requests pass through at once
+     * instead of waiting for it (and the C API's shim_now does not spin for ever). */
+    int loading = LOADING;
+    __atomic_compare_exchange_n(&state, &loading, OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 }
 
 extern char **environ;

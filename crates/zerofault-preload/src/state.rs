@@ -229,6 +229,8 @@ pub fn running() -> Option<&'static Engine> {
 /// others not (all four served in 2 runs of 10). Bounded, because the request may come with a
 /// lock the starting thread needs.
 const START_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
+/// Set once a wait for the start ran out (see [`engine`]).
+static START_WAIT_GAVE_UP: AtomicBool = AtomicBool::new(false);
 
 /// The engine, started now if this is the first large request (or waited for, at most
 /// [`START_WAIT`], if another thread is starting it). `None` on engine threads, in vfork
@@ -238,9 +240,15 @@ pub fn engine() -> Option<&'static Engine> {
     if STATE.load(Acquire) == IDLE && mine() {
         start(); // returns at once if another thread won the start
     }
-    if STATE.load(Acquire) == STARTING && mine() {
+    if STATE.load(Acquire) == STARTING && mine() && !START_WAIT_GAVE_UP.load(Relaxed) {
         let t0 = std::time::Instant::now();
-        while STATE.load(Acquire) == STARTING && t0.elapsed() < START_WAIT {
+        while STATE.load(Acquire) == STARTING {
+            if t0.elapsed() >= START_WAIT {
+                // The start is stuck (on a lock this thread holds, say): later requests pass
+                // through at once instead of waiting the bound again each time.
+                START_WAIT_GAVE_UP.store(true, Relaxed);
+                break;
+            }
             std::thread::yield_now();
         }
     }
@@ -511,6 +519,10 @@ extern "C" fn fork_child() {
     engine::os::alloc::fork_child();
     engine::os::thread::forget_engine_threads_after_fork();
     OWNER_PID.store(getpid(), Release);
+    // A start in progress in another thread of the parent never ends here (that thread is not
+    // in the child): the child runs without the engine, its large requests passing through at
+    // once instead of waiting for it.
+    let _ = STATE.compare_exchange(STARTING, OFF, AcqRel, Relaxed);
     if STATE.load(Acquire) != READY {
         return;
     }

@@ -160,6 +160,12 @@ impl Predictor {
 }
 
 impl Predictor {
+    /// Faults predicted so far: unchanged between two reads means no fault of this thread was
+    /// predicted in between (by another handler).
+    pub(crate) fn clock(&self) -> u64 {
+        self.clock
+    }
+
     /// The window just returned was installed up to `end` (widened to whole huge pages): the
     /// stream expects its next fault there.
     pub(crate) fn installed_to(&mut self, end: u64) {

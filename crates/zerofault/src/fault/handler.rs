@@ -202,6 +202,11 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// The node this handler thread prefers now (`set_mempolicy`), with several nodes: the last
     /// faulting thread's (see [`Handler::steer`]).
     pub(crate) preferred: Option<u32>,
+    /// Several nodes, and the handler started with the default policy. Handler threads inherit
+    /// the policy of the program thread that started the engine (`numactl --membind`, say),
+    /// which the kernel then applies to their copies as it would to the program's own faults:
+    /// such a policy is kept, not steered over.
+    pub(crate) may_steer: bool,
     /// Faulting threads' nodes as last read, by thread id modulo the length: (tid, node, when).
     pub(crate) thread_nodes: [Option<(u32, Option<u32>, Instant)>; THREAD_NODES],
     /// `Options::ahead`, except that with several handlers `wake` works as `fault`: the
@@ -257,6 +262,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
             mapping_events: 0,
             index,
             preferred: None,
+            may_steer: shared.topology.is_some()
+                && crate::sys::numa::thread_policy() == Ok(crate::sys::numa::MPOL_DEFAULT),
             thread_nodes: [None; THREAD_NODES],
             ahead: match opts.ahead {
                 AheadMode::Wake if shared.handling.len() > 1 => AheadMode::Fault,
@@ -345,6 +352,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// kernel applies it. Pool pages are where the scrub made them: per-node pools are issue
     /// 11's next step. One node: nothing is done.
     pub(crate) fn steer(&mut self, tid: u32) {
+        if !self.may_steer {
+            return;
+        }
         let Some(t) = self.shared.topology.as_ref() else { return };
         // Reading the thread's CPU costs ~4 µs (open, read, close of its stat file), a quarter
         // of a fault's round trip: a thread's node is kept for NODE_TTL.
@@ -358,9 +368,18 @@ impl<'a, K: Kernel> Handler<'a, K> {
                 node
             }
         };
-        if node.is_some() && node != self.preferred && crate::sys::numa::prefer(node).is_ok() {
-            self.preferred = node;
-            Stats::add(&self.stats().numa_steers, 1);
+        if node != self.preferred {
+            match crate::sys::numa::prefer(node) {
+                Ok(()) => {
+                    self.preferred = node;
+                    if node.is_some() {
+                        Stats::add(&self.stats().numa_steers, 1);
+                    }
+                }
+                // A node the kernel refuses (no memory, outside the cpuset): not asked again
+                // for this thread until its entry expires.
+                Err(_) => *slot = Some((tid, self.preferred, now)),
+            }
         }
     }
 
@@ -419,10 +438,14 @@ impl<'a, K: Kernel> Handler<'a, K> {
         } else {
             self.read_pending()
         };
-        if attempt <= 2 && read == 0 {
-            std::thread::yield_now();
-        } else if attempt > 2 {
-            std::thread::sleep(Duration::from_micros(50 << (attempt - 3).min(4)));
+        // Having read an event, retry at once; with nothing to read, the event's thread has
+        // still to run.
+        if read == 0 {
+            if attempt <= 2 {
+                std::thread::yield_now();
+            } else {
+                std::thread::sleep(Duration::from_micros(50 << (attempt - 3).min(4)));
+            }
         }
     }
 

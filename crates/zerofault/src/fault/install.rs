@@ -56,8 +56,11 @@ impl<K: Kernel> Handler<'_, K> {
                 }
             }
             woken |= page_addr >= dst && (page_addr < stop || page_addr < to);
-            if stop < dst + len && stop >= page_addr && !refused {
-                cut = Some(cut.map_or(stop, |c| c.min(stop)));
+            // The thread faults next at the first page left out from its own on (a whole-PMD
+            // run that stopped reports its start, which may lie before the fault's page).
+            if stop < dst + len && page_addr < dst + len && !refused {
+                let at = stop.max(page_addr);
+                cut = Some(cut.map_or(at, |c| c.min(at)));
             }
         }
         self.runs = runs;
@@ -169,6 +172,13 @@ impl<K: Kernel> Handler<'_, K> {
         let mut off = 0;
         let mut retries = 0;
         while off < len {
+            if let Some(e) = self.fatal {
+                // Failing open: no more ioctls, the kernel answers from here.
+                return Err(Stopped {
+                    at: off,
+                    why: Stop::Kernel(e),
+                });
+            }
             let p = op(self, off, len - off).map_err(|why| Stopped { at: off, why })?;
             off += p.done;
             match p.errno {

@@ -22,6 +22,8 @@ pub(crate) struct Located {
     /// The window ahead, `[first, end)` in pages of the range: whole PMDs installed after the
     /// thread is woken (see [`super::ahead`]).
     pub(crate) ahead: Option<(u64, u64)>,
+    /// The predictor's clock after this window was predicted (see `Predictor::clock`).
+    pub(crate) clock: u64,
 }
 
 impl<K: Kernel> Handler<'_, K> {
@@ -75,7 +77,14 @@ impl<K: Kernel> Handler<'_, K> {
                 // Part of the window was left out (an install gave up: events kept coming, or
                 // memory was short): the thread faults there next, and that fault is the
                 // stream going on, not a miss (repeated misses would hand the range back).
-                self.shared.predictors.lock(range.id, tid).get().installed_until(p);
+                // Unless another handler predicted that fault already (the thread was woken
+                // by the install): then the stream moved on, and is left alone.
+                let mut entry = self.shared.predictors.lock(range.id, tid);
+                let predictor = entry.get();
+                if predictor.clock() == w.clock {
+                    predictor.installed_until(p);
+                }
+                drop(entry);
                 Stats::add(&self.stats().windows_cut, 1);
                 return;
             }
@@ -178,6 +187,7 @@ impl<K: Kernel> Handler<'_, K> {
             }
             predictor.installed_until(ahead.map_or(end, |(_, a1)| a1));
         }
+        let clock = predictor.clock();
         drop(entry);
         Stats::add(
             match w.outcome {
@@ -210,6 +220,7 @@ impl<K: Kernel> Handler<'_, K> {
             write,
             outcome: w.outcome,
             ahead,
+            clock,
         })
     }
 }

@@ -291,6 +291,15 @@ pub(crate) fn nodes_of(pages: &[usize], out: &mut [i32]) -> Result<(), Errno> {
     .map(|_| ())
 }
 
+/// The calling thread's own memory policy mode (`get_mempolicy` without an address; flags
+/// masked off).
+pub(crate) fn thread_policy() -> Result<i32, Errno> {
+    let mut mode: i32 = 0;
+    // SAFETY: `mode` is valid for writes; no mask is asked for.
+    unsafe { raw::call(libc::SYS_get_mempolicy, [&mut mode as *mut i32 as usize, 0, 0, 0, 0, 0]) }?;
+    Ok(mode & !MPOL_MODE_FLAGS)
+}
+
 /// Makes `node` the calling thread's preferred node (`set_mempolicy(MPOL_PREFERRED)`), or
 /// gives it back the default local policy (`None`). Pages the thread makes the kernel allocate
 /// from then on (a UFFDIO_COPY's, a populate's) come from that node first, where the
@@ -429,9 +438,13 @@ pub(crate) mod tests {
             let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
             assert_eq!(r, 0);
             let tid = crate::sys::thread::gettid();
-            // Preferring node 0 (always online) and going back to the default both succeed.
+            // Preferring node 0 (always online) and going back to the default both succeed,
+            // and the thread's policy says so.
+            assert_eq!(thread_policy(), Ok(MPOL_DEFAULT));
             prefer(Some(0)).unwrap();
+            assert_eq!(thread_policy(), Ok(MPOL_PREFERRED));
             prefer(None).unwrap();
+            assert_eq!(thread_policy(), Ok(MPOL_DEFAULT));
             cpu_of_thread(tid)
         })
         .join()
