@@ -262,7 +262,12 @@ fn munmap_and_map_again_reads_zero_and_is_served_again() {
     assert_eq!(touch_and_check(&mut r, 512..2048), 0);
     let s = e.stats();
     assert_eq!(s.events_unmap, 1, "{}", s.to_text());
-    assert!(s.pages_forgotten >= 1536, "{}", s.to_text());
+    // The old page states go either way: forgotten by the UNMAP event, or cut from the table
+    // by the new mapping's registration, which the program thread makes as soon as the event
+    // is read, racing the handler's applying of it (the event then finds nothing of its
+    // range's age there: see RangeTable's sequence numbers). Only the first counts as
+    // forgotten: 0 or 1536 (0 in 1-2 runs of 30 since the handler loop changed on 11-25).
+    assert!(s.pages_forgotten == 0 || s.pages_forgotten >= 1536, "{}", s.to_text());
     assert!(
         s.pages_served() > served,
         "the new pages were served by the engine: {}",
@@ -863,12 +868,15 @@ fn one_of_four_handlers_panicking_fails_open_and_the_program_finishes() {
         return;
     }
     let writers: usize = std::env::var(WRITERS).unwrap().parse().unwrap();
-    // Child: the first handler panics on its 40th fault event; windows of one page (max_order 0) keep
-    // every handler busy, so the others are serving when it does.
+    // Child: the first handler panics on its 40th fault event; windows of one page (max_order 0,
+    // no window ahead) keep every handler busy, so the others are serving when it does.
     let mut o = Options::from_env().unwrap();
     o.set("max_order", "0").unwrap();
     o.set("start_order", "0").unwrap();
     o.set("handback_misses", "0").unwrap();
+    // No windows ahead either (a confirmed stream of one-page windows would get them): one
+    // fault per page, so that the first handler surely reads its 40th.
+    o.set("ahead", "off").unwrap();
     let e = Engine::new(o).unwrap();
     assert_eq!((e.options().panic_after, e.options().handler_count()), (40, 4));
     let r = e.map(64 * MIB).unwrap();
