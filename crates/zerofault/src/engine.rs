@@ -126,8 +126,6 @@ pub(crate) struct Shared {
     /// The NUMA topology, where more than one node has memory (`None` on one node: nothing
     /// NUMA is done at all). See `Handler::steer`.
     pub(crate) topology: Option<crate::sys::numa::Topology>,
-    /// With several nodes: the node the pool's pages are on (see `Engine::start`).
-    pub(crate) pool_node: Option<u32>,
     /// The descriptor's number and identity, for a forked child to close its copy without the
     /// lock around it (see [`Engine::close_after_fork`]).
     pub(crate) uffd_identity: Option<FdIdentity>,
@@ -256,33 +254,12 @@ impl Engine {
             let _ = unsafe { mman::unmap(doorbell, bells) };
             return Err(EngineError::Register(e.into()));
         }
-        // With several nodes holding memory, the pool is one node's: its rings are bound to
-        // the node the engine starts on, its pages go only to threads faulting on that node
-        // (see `Handler::steer`), and freed pages, which may be on any node, are not recycled
-        // into it. Per-node pools are issue 11's next step.
-        let topology = sys::numa::Topology::read(std::path::Path::new("/sys"))
-            .ok()
-            .filter(|t| t.nodes.iter().filter(|n| n.mem_total > 0).count() > 1);
-        let pool_node = topology.as_ref().and_then(|t| {
-            let here = sys::numa::cpu_of_thread(sys::thread::gettid()).and_then(|c| t.node_of_cpu(c));
-            here.filter(|n| t.by_distance(*n).first() == Some(n))
-                .or_else(|| t.nodes.iter().find(|n| n.mem_total > 0).map(|n| n.id))
-        });
-        let recycle = opts.recycle && topology.is_none();
         let pool = if opts.pool && features.has(Features::MOVE) {
             let huge = opts.pool_thp && mman::thp_available();
-            Some(Pool::new(opts.pool_max, huge, recycle).map_err(EngineError::Map)?)
+            Some(Pool::new(opts.pool_max, huge, opts.recycle).map_err(EngineError::Map)?)
         } else {
             None
         };
-        if let (Some(p), Some(n)) = (&pool, pool_node) {
-            for (a, l) in p.areas() {
-                // SAFETY: the pool's own reservations, nothing populated yet; a policy only
-                // says where their pages will come from. Preferred, not bound: a full node
-                // still gives pages (from the next one) instead of failing the populate.
-                let _ = unsafe { sys::numa::mbind(a, l, sys::numa::MPOL_PREFERRED, &sys::numa::NodeMask::of([n])) };
-            }
-        }
         let mut stage = Vec::new();
         if pool.as_ref().is_some_and(|p| p.huge.is_some()) {
             for _ in 0..handlers {
@@ -299,7 +276,7 @@ impl Engine {
         // would wait for ever for its UNMAP event to be read. Where registration is refused,
         // the rings are unregistered again and there is no recycling.
         let pool = match pool {
-            Some(p) if recycle && p.register(&uffd).is_err() => {
+            Some(p) if opts.recycle && p.register(&uffd).is_err() => {
                 p.unregister(&uffd);
                 drop(p);
                 let huge = opts.pool_thp && mman::thp_available();
@@ -329,8 +306,9 @@ impl Engine {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             uffd_identity: Some(identity),
-            topology,
-            pool_node,
+            topology: crate::sys::numa::Topology::read(std::path::Path::new("/sys"))
+                .ok()
+                .filter(|t| t.nodes.iter().filter(|n| n.mem_total > 0).count() > 1),
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,
@@ -754,7 +732,6 @@ impl Shared {
             live_handlers: AtomicUsize::new(0),
             uffd_identity: None,
             topology: None,
-            pool_node: None,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,

@@ -198,9 +198,6 @@ counters! {
     /// Times a handler made a faulting thread's node its preferred one (several NUMA nodes
     /// only): its copies and huge pages then come from that node.
     numa_steers,
-    /// Faults of threads on another node than the pool's (several nodes only): served without
-    /// pool pages, by copies and huge pages made on the thread's node.
-    numa_pool_skips,
     /// Windows an install stopped in, from the faulting page on (the rest left to the next
     /// fault, which the predictor expects there).
     windows_cut,

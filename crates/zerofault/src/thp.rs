@@ -166,19 +166,7 @@ impl<K: Kernel> Handler<'_, K> {
     pub(crate) fn install_huge(&mut self, dst: usize, len: usize, range: &Range) -> Filled {
         let pool = self.shared.pool.as_ref().expect("huge pages imply a pool");
         let ring = pool.huge.as_ref().expect("huge pages imply a huge ring");
-        // A thread off the pool's node takes no pool page: straight to the huge pages made
-        // here (on its node, see Handler::steer).
-        let (filled, clean) = if self.pool_local {
-            self.fill_move(ring, dst, len)
-        } else {
-            (
-                Err(Stopped {
-                    at: 0,
-                    why: Stop::RingEmpty,
-                }),
-                true,
-            )
-        };
+        let (filled, clean) = self.fill_move(ring, dst, len);
         let mut off = match filled {
             Ok(()) if clean => {
                 Stats::add(&self.stats().huge_moves, (len / PMD_SIZE) as u64);
@@ -193,9 +181,7 @@ impl<K: Kernel> Handler<'_, K> {
         };
         Stats::add(&self.stats().huge_moves, (off / PMD_SIZE) as u64);
         // Tell the scrub what the ring lacked: it may trade recycled 4 KiB pages for huge ones.
-        if self.pool_local {
-            pool.note_huge_missed(((len - off) / PMD_SIZE) as u64);
-        }
+        pool.note_huge_missed(((len - off) / PMD_SIZE) as u64);
         // The ring ran dry: prepare each remaining huge page here, as the kernel's own THP
         // fault would, while the scrub refills the ring on the other CPU.
         while off < len {

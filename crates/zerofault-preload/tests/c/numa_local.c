@@ -1,6 +1,5 @@
 /* One thread per CPU, each pinned to its CPU, each writes `mib` MiB (argv[1], default 64) of a
- * buffer of its own (malloc family, 2 MiB aligned; after an optional warm-up, argv[2]), one
- * byte per 4 KiB page, then asks move_pages(2) (query mode)
+ * buffer of its own (malloc family, 2 MiB aligned), one byte per 4 KiB page, then asks move_pages(2) (query mode)
  * which node each page is on. Prints one line per thread: its CPU, its CPU's node, the pages on
  * that node and the pages elsewhere: "cpu=C node=N local=L remote=R". For the multi-node VM
  * tests (crates/zerofault-cli/tests/vm.rs): natively every page is on the thread's node. */
@@ -51,17 +50,6 @@ static void *run(void *arg) {
 
 int main(int argc, char **argv) {
     if (argc > 1) mib = strtoul(argv[1], NULL, 10);
-    /* argv[2]: MiB the main thread writes first, then a second's pause: under the shim a
-     * sequential writer starts the scrub thread, which fills the pool meanwhile, so that the
-     * threads then get pool pages. */
-    if (argc > 2) {
-        size_t warm = strtoul(argv[2], NULL, 10) << 20;
-        unsigned char *w = malloc(warm);
-        if (!w) { perror("malloc"); exit(1); }
-        for (size_t i = 0; i < warm; i += 4096) w[i] = 1;
-        sleep(1);
-        free(w);
-    }
     int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
     pthread_t t[64];
     for (long c = 0; c < cpus && c < 64; c++) pthread_create(&t[c], NULL, run, (void *)c);

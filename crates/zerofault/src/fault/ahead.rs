@@ -106,7 +106,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// Pages a window ahead may take at once (`ahead=fault`): the ready huge pages (the ready
     /// 4 KiB pages without a huge ring), none without a pool to move from.
     pub(crate) fn ready_pages(&self) -> u64 {
-        let Some(pool) = self.shared.pool.as_ref().filter(|_| self.can_move && self.pool_local) else {
+        let Some(pool) = self.shared.pool.as_ref().filter(|_| self.can_move) else {
             return 0;
         };
         match (&pool.huge, self.stage) {

@@ -207,9 +207,6 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// which the kernel then applies to their copies as it would to the program's own faults:
     /// such a policy is kept, not steered over.
     pub(crate) may_steer: bool,
-    /// The fault being served may take pool pages: one node, or the faulting thread is on
-    /// the pool's node (see [`Handler::steer`]).
-    pub(crate) pool_local: bool,
     /// Faulting threads' nodes as last read, by thread id modulo the length: (tid, node, when).
     pub(crate) thread_nodes: [Option<(u32, Option<u32>, Instant)>; THREAD_NODES],
     /// `Options::ahead`, except that with several handlers `wake` works as `fault`: the
@@ -265,7 +262,6 @@ impl<'a, K: Kernel> Handler<'a, K> {
             mapping_events: 0,
             index,
             preferred: None,
-            pool_local: true,
             may_steer: shared.topology.is_some()
                 && crate::sys::numa::thread_policy() == Ok(crate::sys::numa::MPOL_DEFAULT),
             thread_nodes: [None; THREAD_NODES],
@@ -356,6 +352,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// kernel applies it. Pool pages are where the scrub made them: per-node pools are issue
     /// 11's next step. One node: nothing is done.
     pub(crate) fn steer(&mut self, tid: u32) {
+        if !self.may_steer {
+            return;
+        }
         let Some(t) = self.shared.topology.as_ref() else { return };
         // Reading the thread's CPU costs ~1.9 µs here (open, read, close of its stat file; 4 µs
         // with the machine busy), an eighth to a quarter of a fault's round trip: a thread's
@@ -370,18 +369,6 @@ impl<'a, K: Kernel> Handler<'a, K> {
                 node
             }
         };
-        // Pool pages are the pool node's: a thread elsewhere gets copies and the handler's
-        // own huge pages, made on its node (a thread of unknown node gets the pool's).
-        self.pool_local = match (self.shared.pool_node, node) {
-            (Some(p), Some(n)) => p == n,
-            _ => true,
-        };
-        if !self.pool_local {
-            Stats::add(&self.shared.stats.numa_pool_skips, 1);
-        }
-        if !self.may_steer {
-            return;
-        }
         if node != self.preferred {
             match crate::sys::numa::prefer(node) {
                 Ok(()) => {

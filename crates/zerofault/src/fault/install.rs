@@ -267,7 +267,7 @@ impl<K: Kernel> Handler<'_, K> {
 
     /// 4 KiB pages: moved from the small ring while it has pages, else copied.
     pub(crate) fn install_small(&mut self, dst: usize, len: usize) -> Filled {
-        if !self.can_move || !self.pool_local {
+        if !self.can_move {
             return self.fill_copy(dst, len, None);
         }
         let pool = self.shared.pool.as_ref().expect("can_move implies a pool");
