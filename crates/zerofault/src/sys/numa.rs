@@ -305,13 +305,10 @@ pub(crate) fn thread_policy() -> Result<i32, Errno> {
 /// from then on (a UFFDIO_COPY's, a populate's) come from that node first, where the
 /// destination mapping has no policy of its own.
 pub(crate) fn prefer(node: Option<u32>) -> Result<(), Errno> {
-    let (mode, mask) = match node {
-        Some(n) => (MPOL_PREFERRED, NodeMask::of([n])),
-        None => (MPOL_DEFAULT, NodeMask::default()),
-    };
-    let (ptr, max) = match node {
-        Some(_) => (mask.0.as_ptr() as usize, MAX_NODES + 1),
-        None => (0, 0),
+    let mask = node.map(|n| NodeMask::of([n]));
+    let (mode, ptr, max) = match &mask {
+        Some(m) => (MPOL_PREFERRED, m.0.as_ptr() as usize, MAX_NODES + 1),
+        None => (MPOL_DEFAULT, 0, 0),
     };
     // SAFETY: the mask, when given, is valid for reads of MAX_NODES bits; the call changes
     // only the calling thread's policy.
@@ -322,15 +319,11 @@ pub(crate) fn prefer(node: Option<u32>) -> Result<(), Errno> {
 /// for a thread blocked in a page fault, the CPU it faulted on, whose node the kernel would
 /// have allocated from. Raw system calls and a stack buffer: no allocation, for engine threads.
 pub(crate) fn cpu_of_thread(tid: u32) -> Option<u32> {
+    use std::io::Write;
     let mut path = [0u8; 48];
-    let prefix = b"/proc/self/task/";
-    path[..prefix.len()].copy_from_slice(prefix);
-    let mut at = prefix.len();
-    let digits = tid.to_string_lossless();
-    path[at..at + digits.1].copy_from_slice(&digits.0[..digits.1]);
-    at += digits.1;
-    path[at..at + 5].copy_from_slice(b"/stat");
-    // path[at + 5] stays 0: the terminator.
+    // Written into the stack buffer (io::Write for a slice): the zeros left after it end the
+    // string.
+    write!(&mut path[..47], "/proc/self/task/{tid}/stat").ok()?;
     // SAFETY: openat with a NUL-terminated path in `path`; the result is checked.
     let fd = unsafe {
         raw::call(
@@ -361,31 +354,6 @@ pub(crate) fn processor_field(stat: &[u8]) -> Option<u32> {
     let rest = std::str::from_utf8(&stat[close + 1..]).ok()?;
     // After the name: field 3 (state) is the first.
     rest.split_ascii_whitespace().nth(39 - 3)?.parse().ok()
-}
-
-/// Decimal digits of an integer into a fixed buffer (no allocation).
-trait Digits {
-    fn to_string_lossless(self) -> ([u8; 10], usize);
-}
-
-impl Digits for u32 {
-    fn to_string_lossless(self) -> ([u8; 10], usize) {
-        let mut out = [0u8; 10];
-        let mut tmp = [0u8; 10];
-        let (mut v, mut n) = (self, 0);
-        loop {
-            tmp[n] = b'0' + (v % 10) as u8;
-            n += 1;
-            v /= 10;
-            if v == 0 {
-                break;
-            }
-        }
-        for i in 0..n {
-            out[i] = tmp[n - 1 - i];
-        }
-        (out, n)
-    }
 }
 
 #[cfg(test)]
@@ -421,8 +389,6 @@ pub(crate) mod tests {
                      12345 1000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 7 0 0 0 0 0";
         assert_eq!(processor_field(line), Some(7));
         assert_eq!(processor_field(b"1 (x) S 1 2"), None);
-        assert_eq!(u32::MAX.to_string_lossless().1, 10);
-        assert_eq!(&0u32.to_string_lossless().0[..1], b"0");
     }
 
     #[test]
