@@ -12,7 +12,6 @@ use crate::pool::Pool;
 use crate::predict::Predictors;
 use crate::region::RangeTable;
 use crate::region::Region;
-use crate::scrub::ScrubCtl;
 use crate::stats::Snapshot;
 use crate::stats::{Stats, StatsHome};
 use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
@@ -82,14 +81,15 @@ pub(crate) struct Shared {
     pub(crate) uffd: RwLock<Option<Uffd>>,
     pub(crate) features: Features,
     pub(crate) ranges: RangeTable,
-    pub(crate) pool: Option<Pool>,
+    /// The pools: none (no pool, or no `UFFDIO_MOVE`), one for the machine, or one per node
+    /// with memory where there are several (in [`crate::nodes::Nodes::pool_nodes`] order).
+    pub(crate) pools: Vec<Pool>,
     /// One 2 MiB `MADV_HUGEPAGE` area per handler, where it prepares a huge page when the huge
     /// ring is empty (handlers prepare them in parallel). Empty unless whole PMDs get huge
     /// pages.
     pub(crate) stage: Vec<mman::Mapping>,
     pub(crate) zero: ZeroSource,
     pub(crate) stats: StatsHome,
-    pub(crate) scrub: ScrubCtl,
     /// Set by Engine::drop before it wakes the threads.
     pub(crate) stopping: AtomicBool,
     /// Set when the engine failed open.
@@ -123,9 +123,9 @@ pub(crate) struct Shared {
     pub(crate) event_order: Mutex<()>,
     /// Handler threads running (see [`Shared::handler_left`]).
     pub(crate) live_handlers: AtomicUsize,
-    /// The NUMA topology, where more than one node has memory (`None` on one node: nothing
-    /// NUMA is done at all). See `Handler::steer`.
-    pub(crate) topology: Option<crate::sys::numa::Topology>,
+    /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
+    /// done at all). See `nodes.rs` and `Handler::choose_nodes`.
+    pub(crate) numa: Option<crate::nodes::Nodes>,
     /// The descriptor's number and identity, for a forked child to close its copy without the
     /// lock around it (see [`Engine::close_after_fork`]).
     pub(crate) uffd_identity: Option<FdIdentity>,
@@ -141,6 +141,13 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
+    /// Wakes every pool's scrub thread (to refill, or to see the engine stopping or failed).
+    pub(crate) fn kick_scrubs(&self) {
+        for p in &self.pools {
+            p.scrub.kick();
+        }
+    }
+
     /// Whether `page_addr` is one of the handlers' doorbell pages.
     pub(crate) fn is_doorbell(&self, page_addr: usize) -> bool {
         page_addr.wrapping_sub(self.doorbell) < self.handling.len() * PAGE_SIZE
@@ -156,7 +163,7 @@ impl Shared {
     pub(crate) fn handler_left(&self, failed: bool) {
         if failed {
             self.failed.store(true, Release);
-            self.scrub.kick();
+            self.kick_scrubs();
         }
         if self.live_handlers.fetch_sub(1, AcqRel) == 1 && self.failed.load(Acquire) {
             drop(self.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
@@ -208,7 +215,8 @@ impl Shared {
 pub struct Engine {
     shared: Arc<Shared>,
     handlers: Vec<EngineThread>,
-    scrubber: Option<EngineThread>,
+    /// One scrub thread per pool.
+    scrubbers: Vec<EngineThread>,
 }
 
 /// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
@@ -221,6 +229,26 @@ pub fn in_engine_thread() -> bool {
 /// Whether this process can open a userfaultfd, and with which features.
 pub fn probe() -> Result<Features, UffdError> {
     Uffd::open().map(|u| u.features())
+}
+
+/// One node's pool, as [`Engine::node_pools`] reports it. Counts are pages, as the kernel's
+/// per-node `numastat` counts allocations (pool pages only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodePool {
+    /// The node's id.
+    pub node: u32,
+    /// Pages ready now.
+    pub ready_pages: u64,
+    /// Pages given to faults that wanted this node.
+    pub hit: u64,
+    /// Pages given to faults that wanted another node (it was full).
+    pub miss: u64,
+    /// Pages faults wanted from this node and got from another's pool.
+    pub foreign: u64,
+    /// Of the hits, pages an interleave policy sent here.
+    pub interleave_hit: u64,
+    /// The node was short of memory at its scrub's last look: its pool is not filled.
+    pub low: bool,
 }
 
 impl Engine {
@@ -254,14 +282,44 @@ impl Engine {
             let _ = unsafe { mman::unmap(doorbell, bells) };
             return Err(EngineError::Register(e.into()));
         }
-        let pool = if opts.pool && features.has(Features::MOVE) {
-            let huge = opts.pool_thp && mman::thp_available();
-            Some(Pool::new(opts.pool_max, huge, opts.recycle).map_err(EngineError::Map)?)
-        } else {
-            None
+        // Several nodes with memory: a pool per node (see nodes.rs). Handler threads inherit
+        // the starting thread's policy: the kernel's for mappings with none of their own.
+        // Nodes outside the process's cpuset take no pool (their memory counts as none).
+        let numa = crate::sys::numa::Topology::read(std::path::Path::new("/sys"))
+            .ok()
+            .map(|mut t| {
+                if let Ok(allowed) = crate::sys::numa::mems_allowed() {
+                    for n in t.nodes.iter_mut().filter(|n| !allowed.contains(n.id)) {
+                        n.mem_total = 0;
+                    }
+                }
+                t
+            })
+            .filter(|t| t.nodes.iter().filter(|n| n.mem_total > 0).count() > 1)
+            .map(|t| {
+                let policy = crate::sys::numa::thread_policy()
+                    .ok()
+                    .and_then(|(mode, mask)| crate::nodes::Policy::from_mode(mode, mask))
+                    .unwrap_or(crate::nodes::Policy::Local);
+                crate::nodes::Nodes::new(t, policy)
+            });
+        let pool_nodes: Vec<Option<u32>> = match &numa {
+            Some(n) => n.pool_nodes().map(Some).collect(),
+            None => vec![None],
         };
+        let huge = opts.pool_thp && mman::thp_available();
+        let make_pools = |recycle: bool| -> Result<Vec<Pool>, EngineError> {
+            if !(opts.pool && features.has(Features::MOVE)) {
+                return Ok(Vec::new());
+            }
+            pool_nodes
+                .iter()
+                .map(|&node| Pool::new(opts.pool_max, huge, recycle, node).map_err(EngineError::Map))
+                .collect()
+        };
+        let pools = make_pools(opts.recycle)?;
         let mut stage = Vec::new();
-        if pool.as_ref().is_some_and(|p| p.huge.is_some()) {
+        if pools.first().is_some_and(|p| p.huge.is_some()) {
             for _ in 0..handlers {
                 let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(EngineError::Map)?;
                 // SAFETY: the staging area is ours; a forked child has no use for it.
@@ -275,14 +333,14 @@ impl Engine {
         // handler runs: a registered ring unmapped with the descriptor open and no handler
         // would wait for ever for its UNMAP event to be read. Where registration is refused,
         // the rings are unregistered again and there is no recycling.
-        let pool = match pool {
-            Some(p) if opts.recycle && p.register(&uffd).is_err() => {
+        let pools = if opts.recycle && pools.iter().any(|p| p.register(&uffd).is_err()) {
+            for p in &pools {
                 p.unregister(&uffd);
-                drop(p);
-                let huge = opts.pool_thp && mman::thp_available();
-                Some(Pool::new(opts.pool_max, huge, false).map_err(EngineError::Map)?)
             }
-            p => p,
+            drop(pools);
+            make_pools(false)?
+        } else {
+            pools
         };
         let identity = uffd.identity();
         let shared = Arc::new(Shared {
@@ -290,10 +348,9 @@ impl Engine {
             uffd: RwLock::new(Some(uffd)),
             features,
             ranges: RangeTable::default(),
-            pool,
+            pools,
             zero,
             stats,
-            scrub: ScrubCtl::default(),
             stopping: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
@@ -306,9 +363,7 @@ impl Engine {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             uffd_identity: Some(identity),
-            topology: crate::sys::numa::Topology::read(std::path::Path::new("/sys"))
-                .ok()
-                .filter(|t| t.nodes.iter().filter(|n| n.mem_total > 0).count() > 1),
+            numa,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,
@@ -318,17 +373,17 @@ impl Engine {
         let mut engine = Engine {
             shared: shared.clone(),
             handlers: Vec::with_capacity(handlers),
-            scrubber: None,
+            scrubbers: Vec::new(),
         };
         for i in 0..handlers {
             let s = shared.clone();
             let t = sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i)));
             engine.handlers.push(t.map_err(EngineError::Thread)?);
         }
-        if shared.pool.is_some() {
+        for i in 0..shared.pools.len() {
             let s = shared.clone();
-            let t = sys::thread::spawn("zerofault-scrub", Box::new(move || scrub::run(s)));
-            engine.scrubber = Some(t.map_err(EngineError::Thread)?);
+            let t = sys::thread::spawn("zerofault-scrub", Box::new(move || scrub::run(s, i)));
+            engine.scrubbers.push(t.map_err(EngineError::Thread)?);
         }
         Ok(engine)
     }
@@ -393,15 +448,20 @@ impl Engine {
 
     /// Fills the pool until it holds `bytes` (capped at `pool_max`) on the calling thread, for
     /// callers that want the pool warm before a critical phase; the scrub thread keeps it
-    /// between its watermarks from then on. No-op without a pool.
+    /// between its watermarks from then on. No-op without a pool. With a pool per node, each
+    /// is filled to `bytes` (its rings are bound to its node, whatever thread populates them).
     pub fn prefill(&self, bytes: usize) -> io::Result<()> {
-        match &self.shared.pool {
-            Some(p) => {
-                self.shared.streaming.store(true, Release);
-                p.fill_to(pages(bytes), &self.shared.stats, || false)
-            }
-            None => Ok(()),
+        if !self.shared.pools.is_empty() {
+            self.shared.streaming.store(true, Release);
         }
+        for p in &self.shared.pools {
+            match p.fill_to(pages(bytes), &self.shared.stats, || false) {
+                // A full node's pool stays as it is (its faults go to the next node's).
+                Err(e) if p.node.is_some() && e.kind() == io::ErrorKind::OutOfMemory => {}
+                r => r?,
+            }
+        }
+        Ok(())
     }
 
     /// For the child of a fork(): this engine belongs to the parent (its threads were not
@@ -539,11 +599,11 @@ impl Engine {
     pub fn own_mappings(&self) -> Vec<(usize, usize)> {
         let bells = self.shared.handling.len() * PAGE_SIZE;
         let mut v = vec![(self.shared.doorbell, bells), self.shared.zero.area()];
-        if let Some(p) = &self.shared.pool {
+        for p in &self.shared.pools {
             v.extend(p.areas());
         }
         v.extend(self.shared.stage.iter().map(|m| (m.as_ptr() as usize, m.len())));
-        v.extend(self.handlers.iter().chain(&self.scrubber).map(|t| t.area()));
+        v.extend(self.handlers.iter().chain(&self.scrubbers).map(|t| t.area()));
         v
     }
 
@@ -554,11 +614,16 @@ impl Engine {
     pub fn before_mlockall(&self) {
         // Between two steps of the scrub, which leaves protected rings alone (it writes the
         // dirty ones).
-        let _work = self.shared.pool.as_ref().map(|p| {
-            let g = p.work.lock().unwrap_or_else(|e| e.into_inner());
-            p.protected.store(true, Release);
-            g
-        });
+        let _work: Vec<_> = self
+            .shared
+            .pools
+            .iter()
+            .map(|p| {
+                let g = p.work.lock().unwrap_or_else(|e| e.into_inner());
+                p.protected.store(true, Release);
+                g
+            })
+            .collect();
         for (a, l) in self.rw_reservations() {
             // SAFETY: the engine's own reservations; the handler copies instead of moving
             // until after_mlockall (see above), and the scrub leaves them alone while they
@@ -573,16 +638,17 @@ impl Engine {
         for (a, l) in self.own_mappings() {
             let _ = mman::munlock(a, l);
         }
-        let _work = self
+        let _work: Vec<_> = self
             .shared
-            .pool
-            .as_ref()
-            .map(|p| p.work.lock().unwrap_or_else(|e| e.into_inner()));
+            .pools
+            .iter()
+            .map(|p| p.work.lock().unwrap_or_else(|e| e.into_inner()))
+            .collect();
         for (a, l) in self.rw_reservations() {
             // SAFETY: the engine's own reservations, given their protection back.
             let _ = unsafe { mman::protect(a, l, libc::PROT_READ | libc::PROT_WRITE) };
         }
-        if let Some(p) = &self.shared.pool {
+        for p in &self.shared.pools {
             p.protected.store(false, Release);
         }
     }
@@ -593,25 +659,47 @@ impl Engine {
     /// copied; keeping them would be memory populated for nothing.
     pub fn pause_pool(&self, paused: bool) {
         self.shared.pool_paused.store(paused, Release);
-        match (&self.shared.pool, paused) {
-            (Some(p), true) => p.release_all(),
-            (Some(_), false) => self.shared.scrub.kick(),
-            (None, _) => {}
+        for p in &self.shared.pools {
+            if paused {
+                p.release_all();
+            } else {
+                p.scrub.kick();
+            }
         }
     }
 
     fn rw_reservations(&self) -> Vec<(usize, usize)> {
         let mut v = vec![];
-        if let Some(p) = &self.shared.pool {
+        for p in &self.shared.pools {
             v.extend(p.areas());
         }
         v.extend(self.shared.stage.iter().map(|m| (m.as_ptr() as usize, m.len())));
         v
     }
 
-    /// Pages ready in the pool.
+    /// Pages ready in the pool (every node's).
     pub fn pool_pages(&self) -> u64 {
-        self.shared.pool.as_ref().map_or(0, Pool::available)
+        self.shared.pools.iter().map(Pool::available).sum()
+    }
+
+    /// Each node's pool, where there is one per node (empty on a one-node machine): its level
+    /// and what it gave, for `zerofault bench`'s per-node line.
+    pub fn node_pools(&self) -> Vec<NodePool> {
+        self.shared
+            .pools
+            .iter()
+            .filter_map(|p| {
+                Some(NodePool {
+                    node: p.node?,
+                    ready_pages: p.available(),
+                    hit: p.counts.hit.load(Relaxed),
+                    miss: p.counts.miss.load(Relaxed),
+                    foreign: p.counts.foreign.load(Relaxed),
+                    interleave_hit: p.counts.interleave_hit.load(Relaxed),
+                    low: p.low.load(Relaxed),
+                })
+            })
+            .collect()
     }
 
     /// Bytes mapped for the page-state maps of the registered ranges (directories and leaves,
@@ -662,7 +750,7 @@ impl Engine {
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stopping.store(true, Release);
-        self.shared.scrub.kick();
+        self.shared.kick_scrubs();
         let bells = self.shared.handling.len() * PAGE_SIZE;
         if !self.handlers.is_empty() {
             // Each read's fault is answered by one handler, which then sees `stopping` and
@@ -685,11 +773,11 @@ impl Drop for Engine {
         // waits for its REMOVE event to be read, which the handler no longer does; the close
         // releases it.
         drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
-        if let Some(t) = self.scrubber.take() {
+        for t in self.scrubbers.drain(..) {
             t.join();
         }
-        // Regions may outlive the engine and keep `Shared` alive: free the pool's pages now.
-        if let Some(p) = &self.shared.pool {
+        // Regions may outlive the engine and keep `Shared` alive: free the pools' pages now.
+        for p in &self.shared.pools {
             p.release_all();
         }
         // SAFETY: the doorbells are the engine's own pages; every thread is joined.
@@ -703,9 +791,13 @@ impl Shared {
     /// kernel: a pool of `opts.pool_max` (real memory; with a huge ring and a staging area
     /// when `huge`), nothing filled.
     pub(crate) fn detached(opts: Options, huge: bool) -> Shared {
-        let pool = opts.pool.then(|| Pool::new(opts.pool_max, huge, false).expect("pool"));
-        let stage = pool
-            .as_ref()
+        let pools: Vec<Pool> = opts
+            .pool
+            .then(|| Pool::new(opts.pool_max, huge, false, None).expect("pool"))
+            .into_iter()
+            .collect();
+        let stage = pools
+            .first()
             .filter(|p| p.huge.is_some())
             .map(|_| mman::Mapping::new(PMD_SIZE, mman::Thp::Always).expect("staging area"))
             .into_iter()
@@ -715,10 +807,9 @@ impl Shared {
             uffd: RwLock::new(None),
             features: Features(Features::WANTED),
             ranges: RangeTable::default(),
-            pool,
+            pools,
             zero: ZeroSource::new().expect("zero source"),
             stats: StatsHome::Own(Box::default()),
-            scrub: ScrubCtl::default(),
             stopping: AtomicBool::new(false),
             failed: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
@@ -731,7 +822,7 @@ impl Shared {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             uffd_identity: None,
-            topology: None,
+            numa: None,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
             opts,

@@ -120,13 +120,6 @@ mod dsa;
 mod engine;
 mod fault;
 mod handback;
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "node choice and the zonelist cache, not wired into the pools yet (issue 11)"
-    )
-)]
 mod nodes;
 pub mod options;
 pub mod os;
@@ -147,7 +140,7 @@ mod zero;
 mod zeroing;
 
 pub(crate) use engine::Shared;
-pub use engine::{in_engine_thread, probe, Engine, EngineError};
+pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
 pub use options::{OptionError, Options};
 pub use recycle::Recycled;
 pub use region::Region;

@@ -13,8 +13,13 @@
 //! ([`RingKind`]), so an empty huge ring never hides a node's 4 KiB pages. [`ZoneCache`]
 //! reads its time from a [`Clock`], so tests drive the zap.
 //!
-//! Not wired into the pools yet (issue 11): the engine still has one pool. The order of
-//! [`Choice`] and the marks of [`ZoneCache`] are what per-node pools will use.
+//! Where more than one node has memory, the engine keeps one pool per such node ([`Nodes`]):
+//! its rings bound to the node, its scrub thread on the node's CPUs. A fault's pages come from
+//! the pool of the first node of its [`Choice`]; when that ring is empty and the node is full
+//! (its scrub's last populate got another node's pages: the kernel fell back, its zones below
+//! their watermarks), from the next node's, as the kernel falls back. A ring that is empty while its node still has memory
+//! is no reason to go remote: the kernel would allocate there, and so does the handler (a copy,
+//! or a huge page of its own, with its thread policy preferring that node).
 
 use crate::sys::numa::{NodeMask, Topology};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -63,6 +68,15 @@ impl Policy {
 /// (the mapping's `vm_pgoff`) with its start.
 pub(crate) fn interleave_index(addr: usize, order: u32, vm_start: usize, pgoff: u64) -> u64 {
     (pgoff + ((addr - vm_start) >> 12) as u64) >> order
+}
+
+/// The node an interleave over `mask` gives the page (`order` 0) or huge page (`order` 9) at
+/// `addr`, for a mapping that was never moved: its offset is its address in pages, so the
+/// index is the address's ([`interleave_index`] from 0). A mapping moved by `mremap` keeps the
+/// offset of where it was, which the handler does not read (it would take `/proc/self/maps`):
+/// there pool pages alternate from a different start than the kernel's would.
+pub(crate) fn interleave_node(mask: &NodeMask, addr: usize, order: u32) -> Option<u32> {
+    mask.nth(interleave_index(addr, order, 0, 0) % u64::from(mask.weight().max(1)))
 }
 
 /// The nodes to take a fault's pages from, in the order to try them.
@@ -127,8 +141,22 @@ impl Clock for Monotonic {
     }
 }
 
-/// What a scan found: the node to take pages from (`None`: every node tried was empty or
-/// marked), the nodes skipped for their marks, and the nodes found empty (and marked) on the way.
+/// A node's ring, as a scan finds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Avail {
+    /// Pages are ready: take them.
+    Pages,
+    /// Empty, but the node has memory: the kernel would allocate there, so the scan stops and
+    /// the caller makes the pages on this node itself. Not marked.
+    Empty,
+    /// Empty, and the node is short of memory (seed 001's full zone): marked, and the scan goes
+    /// on to the next node.
+    Full,
+}
+
+/// What a scan found: the node to take pages from (`None`: every node tried was marked or
+/// full, or the scan stopped at an empty one), the nodes skipped for their marks, and the
+/// nodes found full (and marked) on the way.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Pick {
     pub(crate) node: Option<u32>,
@@ -192,9 +220,9 @@ impl<C: Clock> ZoneCache<C> {
         }
     }
 
-    /// Scans `order` for a node whose ring of `kind` has pages (`has_pages`), skipping nodes
-    /// marked empty and marking those found empty.
-    pub(crate) fn pick(&self, kind: RingKind, order: &[u32], has_pages: impl Fn(u32) -> bool) -> Pick {
+    /// Scans `order` for a node whose ring of `kind` has pages (`avail`), skipping nodes
+    /// marked full, marking those found full, and stopping at one found empty.
+    pub(crate) fn pick(&self, kind: RingKind, order: &[u32], avail: impl Fn(u32) -> Avail) -> Pick {
         let mut p = Pick {
             node: None,
             skipped: 0,
@@ -205,14 +233,79 @@ impl<C: Clock> ZoneCache<C> {
                 p.skipped += 1;
                 continue;
             }
-            if has_pages(n) {
-                p.node = Some(n);
-                return p;
+            match avail(n) {
+                Avail::Pages => {
+                    p.node = Some(n);
+                    return p;
+                }
+                Avail::Empty => return p,
+                Avail::Full => {
+                    self.mark(kind, n);
+                    p.found_empty += 1;
+                }
             }
-            self.mark(kind, n);
-            p.found_empty += 1;
         }
         p
+    }
+}
+
+/// The NUMA view of an engine on a machine where more than one node has memory.
+#[derive(Debug)]
+pub(crate) struct Nodes {
+    pub(crate) topology: Topology,
+    /// By node id: the nodes with memory, nearest first ([`Topology::by_distance`]).
+    near: Vec<Vec<u32>>,
+    /// By node id: its pool's index in `Shared::pools` (nodes with memory have one).
+    pool_of: Vec<Option<usize>>,
+    /// Nodes whose rings were recently found full, per ring kind.
+    pub(crate) zlc: ZoneCache,
+    /// The policy of the program thread that started the engine, which its handler threads
+    /// inherited: what the kernel applies to a fault in a mapping with no policy of its own
+    /// (`numactl --membind`, `--interleave`). A thread that later sets its own policy is not
+    /// seen (only it can read it).
+    pub(crate) policy: Policy,
+}
+
+impl Nodes {
+    /// The view of `topology`, with `policy` the starting thread's.
+    pub(crate) fn new(topology: Topology, policy: Policy) -> Nodes {
+        let top = topology.nodes.iter().map(|n| n.id as usize + 1).max().unwrap_or(1);
+        let mut near = vec![Vec::new(); top];
+        let mut pool_of = vec![None; top];
+        for n in &topology.nodes {
+            near[n.id as usize] = topology.by_distance(n.id);
+        }
+        for (i, id) in topology
+            .nodes
+            .iter()
+            .filter(|n| n.mem_total > 0)
+            .map(|n| n.id)
+            .enumerate()
+        {
+            pool_of[id as usize] = Some(i);
+        }
+        Nodes {
+            zlc: ZoneCache::new(top, Monotonic),
+            topology,
+            near,
+            pool_of,
+            policy,
+        }
+    }
+
+    /// The nodes that get a pool, in pool order.
+    pub(crate) fn pool_nodes(&self) -> impl Iterator<Item = u32> + '_ {
+        self.topology.nodes.iter().filter(|n| n.mem_total > 0).map(|n| n.id)
+    }
+
+    /// The index of node `id`'s pool.
+    pub(crate) fn pool_of(&self, id: u32) -> Option<usize> {
+        self.pool_of.get(id as usize).copied().flatten()
+    }
+
+    /// The nodes with memory nearest to `id` first (empty for an unknown id).
+    pub(crate) fn near(&self, id: u32) -> &[u32] {
+        self.near.get(id as usize).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -299,6 +392,13 @@ mod tests {
         // A mapping moved by mremap keeps its offset: the same page, the same index.
         let moved = 0x5500_0000_0000usize;
         assert_eq!(interleave_index(moved + 4096, 0, moved, pgoff), pages[1]);
+        // The node: per page over nodes {1, 3}, per huge page likewise.
+        let m = NodeMask::of([1, 3]);
+        let per_page: Vec<_> = (0..4).map(|i| interleave_node(&m, base + i * 4096, 0)).collect();
+        assert_eq!(per_page, [Some(1), Some(3), Some(1), Some(3)]);
+        assert_eq!(interleave_node(&m, base + 4096, 9), interleave_node(&m, base, 9));
+        assert_ne!(interleave_node(&m, base + (2 << 20), 9), interleave_node(&m, base, 9));
+        assert_eq!(interleave_node(&NodeMask::default(), base, 0), None);
     }
 
     /// A clock the test moves.
@@ -314,7 +414,13 @@ mod tests {
     fn a_node_found_empty_is_skipped_per_ring_size_until_the_zap() {
         let z = ZoneCache::new(4, FakeClock::default());
         let empty = Cell::new(vec![0u32]); // node 0's huge ring is empty
-        let has = |n: u32| !empty.take_and(|v| v.contains(&n));
+        let has = |n: u32| {
+            if empty.take_and(|v| v.contains(&n)) {
+                Avail::Full
+            } else {
+                Avail::Pages
+            }
+        };
         // First scan: node 0 tried, found empty and marked; node 1 gives the pages.
         let p = z.pick(RingKind::Huge, &[0, 1, 2], has);
         assert_eq!(
@@ -355,7 +461,7 @@ mod tests {
     #[test]
     fn every_node_empty_leaves_the_choice_to_the_caller_and_marks_them_all() {
         let z = ZoneCache::new(130, FakeClock::default());
-        let p = z.pick(RingKind::Small, &[129, 3, 64], |_| false);
+        let p = z.pick(RingKind::Small, &[129, 3, 64], |_| Avail::Full);
         assert_eq!(
             p,
             Pick {
@@ -369,6 +475,32 @@ mod tests {
         // Ids past the cache are never marked (and never skipped).
         z.mark(RingKind::Small, 999);
         assert!(!z.is_marked(RingKind::Small, 999));
+    }
+
+    #[test]
+    fn an_empty_ring_on_a_node_with_memory_stops_the_scan_unmarked() {
+        let z = ZoneCache::new(4, FakeClock::default());
+        // Node 0 full, node 1 empty but with memory: node 0 marked, the scan stops at 1.
+        let avail = |n: u32| if n == 0 { Avail::Full } else { Avail::Empty };
+        assert_eq!(
+            z.pick(RingKind::Small, &[0, 1, 2], avail),
+            Pick {
+                node: None,
+                skipped: 0,
+                found_empty: 1
+            }
+        );
+        assert!(z.is_marked(RingKind::Small, 0) && !z.is_marked(RingKind::Small, 1));
+    }
+
+    #[test]
+    fn the_engine_view_keeps_a_pool_per_node_with_memory_and_each_nodes_fallbacks() {
+        let n = Nodes::new(four_nodes("view"), Policy::Local);
+        assert_eq!(n.pool_nodes().collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert_eq!((n.pool_of(3), n.pool_of(4), n.pool_of(77)), (Some(3), None, None));
+        assert_eq!(n.near(2), [2, 3, 0, 1]);
+        assert_eq!(n.near(4), [0, 1, 2, 3], "the CPU-only node falls back by distance");
+        assert!(n.near(77).is_empty());
     }
 
     /// `Cell<Vec>` helper: reads the vector through `f` and puts it back.

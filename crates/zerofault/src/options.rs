@@ -381,16 +381,18 @@ options! {
     /// Hard cap on the pool: address space reserved for pre-zeroed pages, the scrub's own
     /// and those recycled from memory the program freed (the most the pool keeps; it holds
     /// `scrub_stop` when the program frees nothing, and gives recycled pages back after
-    /// `purge_delay`).
+    /// `purge_delay`). Per node: where several NUMA nodes have memory, each has a pool of its
+    /// own, and this and the scrub watermarks below apply to each.
     pool_max: Size = "2G",
     /// Serve the whole 2 MiB-aligned parts of write windows with transparent huge pages: the
     /// scrub prepares most of the pool as 2 MiB huge pages and the handler moves each with one
     /// PMD move (or prepares one itself when none is ready). Off: 4 KiB pages only. Has no
     /// effect where the system's THP setting is `never`.
     pool_thp: Bool = "on",
-    /// The scrub thread starts refilling when the pool holds less than this.
+    /// The scrub thread starts refilling when the pool holds less than this (per node, see
+    /// pool_max).
     scrub_start: Size = "32M",
-    /// The scrub thread stops refilling when the pool holds this much.
+    /// The scrub thread stops refilling when the pool holds this much (per node).
     scrub_stop: Size = "64M",
     /// No scrubbing while the 1-minute load average per CPU is above this (seed 003's
     /// scrub_load).

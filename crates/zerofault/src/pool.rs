@@ -211,6 +211,9 @@ pub(crate) struct Ring {
     base: usize,
     index: RingIndex,
     fill_lock: Mutex<()>,
+    /// The node the ring is bound to (see [`Pool::node`]): each populate is checked to have
+    /// landed there.
+    node: Option<u32>,
 }
 
 /// Reserves a ring's area, clean or dirty: `bytes` rounded up to 2 MiB, 2 MiB aligned,
@@ -243,7 +246,21 @@ impl Ring {
             base,
             index: RingIndex::new(pages(len), if huge { CHUNK_PAGES } else { 1 }),
             fill_lock: Mutex::new(()),
+            node: None,
         })
+    }
+
+    /// Binds the ring's area to `node` (preferred: where the node is full, the kernel takes
+    /// the next node's pages rather than failing the populate), and checks every populate
+    /// against it from now on ([`Ring::fill_step`]).
+    fn bind(&mut self, node: u32) -> io::Result<()> {
+        let (a, l) = self.area();
+        let mask = crate::sys::numa::NodeMask::of([node]);
+        // SAFETY: the ring's own area, not populated yet: its pages will come from `node`.
+        unsafe { crate::sys::numa::mbind(a, l, crate::sys::numa::MPOL_PREFERRED, &mask) }
+            .map_err(|e| io::Error::from_raw_os_error(e.0))?;
+        self.node = Some(node);
+        Ok(())
     }
 
     /// The ring's reserved area, as (address, length).
@@ -293,9 +310,27 @@ impl Ring {
     }
 
     /// Producer step: populates up to `max_pages` (at most one chunk, never crossing the ring's
-    /// end) and publishes them. Returns the pages added; 0 when the pool is full.
+    /// end) and publishes them. Returns the pages added; 0 when the pool is full. A ring bound
+    /// to a node asks where the chunk's first and last pages went (`move_pages`, one call):
+    /// pages the kernel took from another node mean the node is full (its fast path found the
+    /// node below its watermark and fell back, seed 001's full zone), and the chunk is
+    /// discarded unpublished, an `OutOfMemory` error (see [`node_full`]).
     pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
-        let n = self.fill_with(max_pages, |addr, n| mman::populate_write(addr, bytes(n)).map(|_| n))?;
+        let node = self.node;
+        let n = self.fill_with(max_pages, |addr, n| {
+            mman::populate_write(addr, bytes(n))?;
+            if let Some(node) = node {
+                let ends = [addr, addr + bytes(n - 1)];
+                let mut on = [-1i32; 2];
+                let _ = crate::sys::numa::nodes_of(&ends, &mut on);
+                if on.iter().any(|&o| u32::try_from(o) != Ok(node)) {
+                    // SAFETY: free slots of the ring, not published: nobody takes them.
+                    let _ = unsafe { mman::madvise(addr, bytes(n), mman::MADV_DONTNEED) };
+                    return Err(node_full());
+                }
+            }
+            Ok(n)
+        })?;
         if n > 0 {
             Stats::add(&stats.pool_refills, 1);
             Stats::add(&stats.pool_pages_filled, n);
@@ -376,6 +411,12 @@ impl Drop for Ring {
     }
 }
 
+/// The error of a populate that found its node full (see [`Ring::fill_step`]); a populate
+/// refused for memory (`ENOMEM`) is the same kind: no page to be had there.
+pub(crate) fn node_full() -> io::Error {
+    io::Error::new(io::ErrorKind::OutOfMemory, "the pool's node is full")
+}
+
 /// Producer steps until `available()` reaches `target`, a step adds nothing, or `stop()`.
 fn fill_loop(
     target: u64,
@@ -392,10 +433,36 @@ fn fill_loop(
     Ok(())
 }
 
+/// What a node's pool gave, in pages, as the kernel counts its allocations per node
+/// (`/sys/devices/system/node/node<N>/numastat`): pool pages only (a copy's or a staged huge
+/// page's node is the kernel's to count).
+#[derive(Debug, Default)]
+pub(crate) struct NodeCounts {
+    /// Pages from this node's pool for a fault that wanted this node.
+    pub(crate) hit: std::sync::atomic::AtomicU64,
+    /// Pages from this node's pool for a fault that wanted another node (that node was full).
+    pub(crate) miss: std::sync::atomic::AtomicU64,
+    /// Pages a fault wanted from this node and took from another's pool.
+    pub(crate) foreign: std::sync::atomic::AtomicU64,
+    /// Of the hits, pages an interleave policy sent here.
+    pub(crate) interleave_hit: std::sync::atomic::AtomicU64,
+}
+
 /// The two rings, and the pool-wide view the scrub thread and the watermarks use; with
-/// recycling, a dirty ring beside each (`recycle.rs`).
+/// recycling, a dirty ring beside each (`recycle.rs`). One per node with memory where there are
+/// several (`nodes.rs`), else one for the machine.
 #[derive(Debug)]
 pub(crate) struct Pool {
+    /// The node whose memory the rings are bound to (`mbind`, preferred), and whose CPUs its
+    /// scrub thread runs on; `None` on a one-node machine (nothing is bound).
+    pub node: Option<u32>,
+    /// How the handlers and the engine wake this pool's scrub thread.
+    pub(crate) scrub: crate::scrub::ScrubCtl,
+    /// The last populate found the node full ([`Ring::fill_step`]): an empty ring here means
+    /// the kernel itself would go to the next node (the handlers fall back to the next node's
+    /// pool, seed 001). Cleared by the next populate that lands on the node.
+    pub(crate) low: std::sync::atomic::AtomicBool,
+    pub(crate) counts: NodeCounts,
     pub small: Ring,
     pub huge: Option<Ring>,
     /// Recycled 4 KiB pages waiting to be zeroed into `small`.
@@ -427,7 +494,8 @@ impl Pool {
     /// every ring, and a dirty ring beside each, can hold all of `bytes` (address space only,
     /// until pages come): what comes back from the program is 4 KiB or huge pages in whatever
     /// mix it freed; the pool-wide limit stays `bytes`.
-    pub(crate) fn new(bytes: usize, huge: bool, recycle: bool) -> io::Result<Pool> {
+    /// `node`: bind the clean rings to it ([`Ring::bind`]).
+    pub(crate) fn new(bytes: usize, huge: bool, recycle: bool, node: Option<u32>) -> io::Result<Pool> {
         let bytes = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
         let small = if huge { small_bytes(bytes) } else { bytes };
         let has_huge = huge && bytes > small;
@@ -438,8 +506,19 @@ impl Pool {
             None
         };
         let dirty = |r: &Ring| DirtyRing::new(bytes_of(r), r.index.unit > 1);
-        let small_ring = Ring::new(ring_bytes(small), false)?;
+        let mut small_ring = Ring::new(ring_bytes(small), false)?;
+        let mut huge_ring = huge_ring;
+        if let Some(n) = node {
+            small_ring.bind(n)?;
+            if let Some(h) = huge_ring.as_mut() {
+                h.bind(n)?;
+            }
+        }
         Ok(Pool {
+            node,
+            scrub: crate::scrub::ScrubCtl::default(),
+            low: std::sync::atomic::AtomicBool::new(false),
+            counts: NodeCounts::default(),
             dirty_small: recycle.then(|| dirty(&small_ring)).transpose()?,
             dirty_huge: huge_ring.as_ref().filter(|_| recycle).map(dirty).transpose()?,
             small: small_ring,
@@ -610,17 +689,28 @@ impl Pool {
             return Ok(0);
         }
         let Some(huge) = &self.huge else {
-            return self.small.fill_step(max_pages, stats);
+            return self.note_fill(self.small.fill_step(max_pages, stats));
         };
         let (first, second) = if self.fullness(&self.small) <= self.fullness(huge) {
             (&self.small, huge)
         } else {
             (huge, &self.small)
         };
-        match first.fill_step(max_pages, stats)? {
-            0 => second.fill_step(max_pages, stats),
-            n => Ok(n),
+        let r = match first.fill_step(max_pages, stats) {
+            Ok(0) => second.fill_step(max_pages, stats),
+            r => r,
+        };
+        self.note_fill(r)
+    }
+
+    /// Keeps [`Pool::low`] by a fill step's outcome.
+    fn note_fill(&self, r: io::Result<u64>) -> io::Result<u64> {
+        match &r {
+            Ok(n) if *n > 0 => self.low.store(false, Release),
+            Err(e) if e.kind() == io::ErrorKind::OutOfMemory => self.low.store(true, Release),
+            _ => {}
         }
+        r
     }
 
     /// Populates until `target` pages are ready in all (capped at capacity), on the calling
@@ -754,7 +844,7 @@ mod tests {
     #[test]
     fn the_pool_fills_the_emptier_ring_and_counts_both() {
         let stats = Stats::default();
-        let p = Pool::new(64 << 20, true, false).unwrap();
+        let p = Pool::new(64 << 20, true, false, None).unwrap();
         let huge = p.huge.as_ref().unwrap();
         assert_eq!(p.small.capacity(), 4096, "a quarter of 64 MiB");
         assert_eq!(huge.capacity(), 12288);
@@ -768,8 +858,8 @@ mod tests {
         p.release_all();
         assert_eq!(p.available(), 0);
 
-        assert!(Pool::new(64 << 20, false, false).unwrap().huge.is_none());
-        let tiny = Pool::new(PMD_SIZE, true, false).unwrap();
+        assert!(Pool::new(64 << 20, false, false, None).unwrap().huge.is_none());
+        let tiny = Pool::new(PMD_SIZE, true, false, None).unwrap();
         assert!(tiny.huge.is_none(), "no room for a huge ring");
         assert_eq!(small_bytes(1 << 30), 256 << 20);
         assert_eq!(small_bytes(4 << 20), 2 << 20);
@@ -796,7 +886,7 @@ mod tests {
 
     #[test]
     fn huge_pages_on_their_way_back_meet_the_demand_the_handler_notes() {
-        let p = Pool::new(16 << 20, true, true).unwrap(); // huge share: 6 chunks
+        let p = Pool::new(16 << 20, true, true, None).unwrap(); // huge share: 6 chunks
         let dh = p.dirty_huge.as_ref().unwrap();
         p.note_huge_missed(2);
         assert_eq!(p.unmet_huge_demand(), 2);
@@ -825,7 +915,7 @@ mod tests {
 
     #[test]
     fn the_scrub_zeroes_first_for_the_emptier_clean_ring() {
-        let p = Pool::new(16 << 20, true, true).unwrap(); // small share 1024, huge 3072
+        let p = Pool::new(16 << 20, true, true, None).unwrap(); // small share 1024, huge 3072
         let (small, huge) = (&p.small, p.huge.as_ref().unwrap());
         let (ds, dh) = (p.dirty_small.as_ref().unwrap(), p.dirty_huge.as_ref().unwrap());
         assert!(p.next_dirty([false; 2]).is_none(), "nothing dirty");

@@ -280,16 +280,15 @@ impl Shared {
     pub(crate) fn recycle(&self, addr: usize, len: usize) -> io::Result<Recycled> {
         let mut done = Recycled::default();
         let end = addr.saturating_add(len);
-        let pool = self
-            .pool
-            .as_ref()
-            .filter(|p| p.recycles() && !self.pool_paused.load(Acquire) && !self.failed.load(Acquire));
-        if let Some(pool) = pool {
+        let recycles = self.pools.first().is_some_and(Pool::recycles)
+            && !self.pool_paused.load(Acquire)
+            && !self.failed.load(Acquire);
+        if recycles {
             let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
             if let Some(u) = uffd.as_ref() {
                 for r in self.ranges.overlapping(addr, end) {
                     let (a, b) = (addr.max(r.start), end.min(r.end()));
-                    let span = recycle_span(u, pool, &r, a, b);
+                    let span = recycle_span(u, self, &r, a, b);
                     done.pages += span.pages;
                     done.huge_pages += span.huge_pages;
                     done.discarded += span.discarded;
@@ -302,7 +301,7 @@ impl Shared {
         Stats::add(&stats.huge_recycled, done.huge_pages / PMD_PAGES);
         Stats::add(&stats.recycle_discarded, done.discarded);
         if done.pages > 0 {
-            self.scrub.kick();
+            self.kick_scrubs();
         }
         // SAFETY: the caller asked for the range to be discarded; what was moved out is a hole
         // already, and the rest goes as MADV_DONTNEED would take it.
@@ -318,10 +317,46 @@ impl Shared {
     }
 }
 
-/// Recycles the pages the engine installed in `[a, b)` of `range`, PMD by PMD. Pages it
-/// claimed that are not there (a window still being installed when the program gave the
-/// range up) count nowhere.
-fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Recycled {
+/// Pages whose node one `move_pages` query asks for, on the recycling program thread's stack.
+const NODE_QUERY: usize = 64;
+
+/// Which pool recycled pages go to: the only one, or with a pool per node, the pool of the
+/// node the pages are on (`move_pages` query), so that a pool hands out only its node's pages.
+/// `None`: a page whose node is unknown or has no pool, which is discarded instead.
+struct Homes<'a> {
+    shared: &'a Shared,
+    /// Several pools: each page's node is asked for.
+    per_node: bool,
+}
+
+impl<'a> Homes<'a> {
+    fn of_node(&self, node: i32) -> Option<(usize, &'a Pool)> {
+        if !self.per_node {
+            return self.shared.pools.first().map(|p| (0, p));
+        }
+        let n = self.shared.numa.as_ref()?;
+        let ix = n.pool_of(u32::try_from(node).ok()?)?;
+        Some((ix, &self.shared.pools[ix]))
+    }
+
+    /// The nodes of `addrs` into `out` (every entry 0 with one pool: nothing is asked). An
+    /// entry that is not a node (the query failed, a hole) is negative.
+    fn nodes(&self, addrs: &[usize], out: &mut [i32]) {
+        out.fill(0);
+        if self.per_node && crate::sys::numa::nodes_of(addrs, out).is_err() {
+            out.fill(-1);
+        }
+    }
+}
+
+/// Recycles the pages the engine installed in `[a, b)` of `range`, PMD by PMD, each into the
+/// pool of its node ([`Homes`]). Pages it claimed that are not there (a window still being
+/// installed when the program gave the range up) count nowhere.
+fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) -> Recycled {
+    let homes = Homes {
+        shared,
+        per_node: shared.numa.is_some() && shared.pools.len() > 1,
+    };
     let mut done = Recycled::default();
     let mut mv = |d: usize, s: usize, l: usize| {
         // SAFETY: `s` lies in a range the caller of `recycle` gives up (its bytes may go
@@ -329,7 +364,10 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
         // empty slot of a dirty ring, which no one else writes (see `DirtyRing::put`).
         unsafe { u.move_pages(d, s, l) }
     };
-    let (mut small_open, mut huge_open, mut busy) = (true, true, 0u32);
+    // Pools whose small or huge dirty ring stopped taking pages (full, or a refusal that
+    // would repeat), by `tried_bit`.
+    let (mut small_closed, mut huge_closed, mut busy) = (0u64, 0u64, 0u32);
+    let bit = crate::fault::tried_bit;
     let mut runs = Vec::new();
     let mut at = a;
     while at < b {
@@ -345,12 +383,14 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
         // A whole PMD the engine filled with a huge page (no page table: see thp.rs).
         let whole = at % PMD_SIZE == 0 && seg_end == pmd_end && claimed == PMD_PAGES && !range.pmds.has_table(at);
         if whole {
-            match pool
-                .dirty_huge
-                .as_ref()
-                .filter(|_| huge_open && pool.room() >= PMD_PAGES)
-            {
-                Some(ring) => {
+            let mut node = [0i32];
+            homes.nodes(&[at], &mut node);
+            let home = homes.of_node(node[0]);
+            match home.and_then(|(ix, pool)| {
+                let ring = pool.dirty_huge.as_ref()?;
+                (huge_closed & bit(ix) == 0 && pool.room() >= PMD_PAGES).then_some((ix, ring))
+            }) {
+                Some((ix, ring)) => {
                     let p = ring.put(at, PMD_PAGES, &mut mv);
                     done.pages += p.moved;
                     done.huge_pages += p.moved;
@@ -360,10 +400,12 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
                     // A refusal is this huge page's (shared after a fork, a window still
                     // being installed there): the next one may move. A full ring or a range
                     // that moves nothing at all (EINVAL: mlocked, other protection) ends it.
-                    huge_open &= !p.full && p.refused != Some(Errno(libc::EINVAL));
+                    if p.full || p.refused == Some(Errno(libc::EINVAL)) {
+                        huge_closed |= bit(ix);
+                    }
                 }
                 // Moving a huge page out in 4 KiB pieces would split it (most of a millisecond):
-                // it goes with the MADV_DONTNEED.
+                // it goes with the MADV_DONTNEED. So does one whose node has no pool.
                 None => done.discarded += PMD_PAGES,
             }
             range.map.clear(first, n);
@@ -373,32 +415,38 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
         runs.clear();
         range.map.claimed_runs(first, n, &mut runs);
         for &(p0, np) in &runs {
-            let mut off = 0;
-            while off < np {
-                let room = pool.room();
-                let Some(ring) = pool.dirty_small.as_ref().filter(|_| small_open && room > 0) else {
-                    done.discarded += np - off;
-                    break;
-                };
-                let p = ring.put(range.addr_of(p0 + off), (np - off).min(room), &mut mv);
-                done.pages += p.moved;
-                off += p.consumed;
-                match p.refused {
-                    // Shared with a forked child: skip the page, a few times.
-                    Some(Errno(libc::EBUSY)) if busy < BUSY_SKIPS => {
-                        busy += 1;
-                        off += 1;
-                        done.discarded += 1;
-                    }
-                    // Events kept coming (mmap_changing): this run goes with the discard.
-                    Some(Errno(libc::EAGAIN)) => {
-                        done.discarded += np - off;
-                        break;
-                    }
-                    Some(_) => small_open = false,
-                    None if p.full => small_open = false,
-                    None => {}
+            let mut q = 0;
+            while q < np {
+                // The nodes of the next pages of the run, then each stretch on one node.
+                let k = usize::try_from(np - q).map_or(NODE_QUERY, |r| r.min(NODE_QUERY));
+                let mut addrs = [0usize; NODE_QUERY];
+                let mut nodes = [0i32; NODE_QUERY];
+                for (i, a) in addrs[..k].iter_mut().enumerate() {
+                    *a = range.addr_of(p0 + q + i as u64);
                 }
+                homes.nodes(&addrs[..k], &mut nodes[..k]);
+                // A page not there (negative) goes with its neighbours: the move skips holes.
+                let mut last = nodes[..k].iter().copied().find(|&n| n >= 0).unwrap_or(-1);
+                for v in nodes[..k].iter_mut() {
+                    if *v < 0 {
+                        *v = last;
+                    }
+                    last = *v;
+                }
+                let mut i = 0;
+                while i < k {
+                    let node = nodes[i];
+                    let len = nodes[i..k].iter().take_while(|&&n| n == node).count();
+                    let start = p0 + q + i as u64;
+                    let mut stretch = Stretch {
+                        home: homes.of_node(node),
+                        closed: &mut small_closed,
+                        busy: &mut busy,
+                    };
+                    stretch.put(range, start, len as u64, &mut mv, &mut done);
+                    i += len;
+                }
+                q += k as u64;
             }
         }
         range.map.clear(first, n);
@@ -410,6 +458,58 @@ fn recycle_span(u: &Uffd, pool: &Pool, range: &Range, a: usize, b: usize) -> Rec
         pages(b - a)
     );
     done
+}
+
+/// Pages of one node, on their way into its pool's small dirty ring.
+struct Stretch<'s, 'a> {
+    home: Option<(usize, &'a Pool)>,
+    closed: &'s mut u64,
+    busy: &'s mut u32,
+}
+
+impl Stretch<'_, '_> {
+    /// Moves pages `[p0, p0 + np)` of `range` into the ring while it takes them; the rest is
+    /// counted discarded (it goes with the caller's `MADV_DONTNEED`).
+    fn put(
+        &mut self,
+        range: &Range,
+        p0: u64,
+        np: u64,
+        mv: &mut dyn FnMut(usize, usize, usize) -> Progress,
+        done: &mut Recycled,
+    ) {
+        let bit = |ix: usize| crate::fault::tried_bit(ix);
+        let mut off = 0;
+        while off < np {
+            let Some((ix, pool, ring)) = self
+                .home
+                .and_then(|(ix, pool)| Some((ix, pool, pool.dirty_small.as_ref()?)))
+                .filter(|&(ix, pool, _)| *self.closed & bit(ix) == 0 && pool.room() > 0)
+            else {
+                done.discarded += np - off;
+                return;
+            };
+            let p = ring.put(range.addr_of(p0 + off), (np - off).min(pool.room()), mv);
+            done.pages += p.moved;
+            off += p.consumed;
+            match p.refused {
+                // Shared with a forked child: skip the page, a few times.
+                Some(Errno(libc::EBUSY)) if *self.busy < BUSY_SKIPS => {
+                    *self.busy += 1;
+                    off += 1;
+                    done.discarded += 1;
+                }
+                // Events kept coming (mmap_changing): this run goes with the discard.
+                Some(Errno(libc::EAGAIN)) => {
+                    done.discarded += np - off;
+                    return;
+                }
+                Some(_) => *self.closed |= bit(ix),
+                None if p.full => *self.closed |= bit(ix),
+                None => {}
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -396,12 +396,19 @@ fn stopping(shared: &Shared) -> bool {
     shared.stopping.load(Acquire) || shared.failed.load(Acquire)
 }
 
-/// The thread's body.
-pub(crate) fn run(shared: Arc<Shared>) {
+/// The thread's body, for pool `ix` of `Shared::pools`. A node's pool is scrubbed on that
+/// node's CPUs: its zeroing stores and the kernel's page clearing for its populate then run
+/// where the memory is.
+pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let _ = thread::make_idle();
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
-    let Some(pool) = shared.pool.as_ref() else { return };
+    let Some(pool) = shared.pools.get(ix) else { return };
+    if let (Some(n), Some(node)) = (&shared.numa, pool.node) {
+        if let Some(i) = n.topology.index(node).filter(|&i| !n.topology.nodes[i].cpus.is_empty()) {
+            let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
+        }
+    }
     let start = pages(shared.opts.scrub_start);
     let stop = pages(shared.opts.scrub_stop);
     let mut zeroer = Zeroer::new(
@@ -415,7 +422,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
         since: Instant::now(),
     };
     while !stopping(&shared) {
-        let requested = shared.scrub.wait(tick);
+        let requested = pool.scrub.wait(tick);
         if stopping(&shared) {
             break;
         }
@@ -476,9 +483,14 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64) {
         match pool.fill_step(stop - pool.available(), &shared.stats) {
             Ok(0) => break,
             Ok(_) => {}
-            // Out of memory or a refused populate: the handlers copy instead; try again on a
-            // later tick.
-            Err(_) => break,
+            // Out of memory, the node full (`Pool::low`), or a refused populate: the handlers
+            // copy instead, or take the next node's pages; try again on a later tick.
+            Err(e) => {
+                if e.kind() == std::io::ErrorKind::OutOfMemory && pool.node.is_some() {
+                    Stats::add(&shared.stats.scrub_node_full, 1);
+                }
+                break;
+            }
         }
     }
 }

@@ -198,6 +198,22 @@ counters! {
     /// Times a handler made a faulting thread's node its preferred one (several NUMA nodes
     /// only): its copies and huge pages then come from that node.
     numa_steers,
+    /// Pool pages taken from the pool of the node a fault wanted (its policy's first node;
+    /// several NUMA nodes only, like the kernel's `numa_hit`).
+    numa_hit,
+    /// Pool pages taken from another node's pool, the wanted node being full (`numa_miss`;
+    /// each also counts as the wanted node's `foreign`, see `Engine::node_pools`).
+    numa_miss,
+    /// Of the hits, pages an interleave policy placed (`interleave_hit`).
+    interleave_hit,
+    /// Nodes a pool scan skipped because they were found full within the last second (seed
+    /// 001's zonelist cache).
+    zlc_skips,
+    /// Nodes a pool scan found full (ring empty, node below its low mark) and marked.
+    zlc_marks,
+    /// Refill steps whose populate found the pool's node full (the kernel gave another node's
+    /// pages, discarded) or out of memory: several NUMA nodes only.
+    scrub_node_full,
     /// Windows an install stopped in, from the faulting page on (the rest left to the next
     /// fault, which the predictor expects there).
     windows_cut,

@@ -13,7 +13,8 @@
 //! of one THP, then one move), as the kernel's own THP fault would. A staging populate that is
 //! slow means memory is fragmented: the handler then copies for a while instead.
 
-use crate::fault::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::fault::{tried_bit, Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::nodes::RingKind;
 use crate::page::{bytes, pages, PMD_SIZE};
 use crate::pagemap::PageMap;
 use crate::region::Range;
@@ -164,24 +165,44 @@ impl<K: Kernel> Handler<'_, K> {
     /// ring, or made by this thread when the ring is empty. Anything irregular (a page already
     /// there, a refused move, no huge page to be had) marks the PMDs and ends in 4 KiB pages.
     pub(crate) fn install_huge(&mut self, dst: usize, len: usize, range: &Range) -> Filled {
-        let pool = self.shared.pool.as_ref().expect("huge pages imply a pool");
-        let ring = pool.huge.as_ref().expect("huge pages imply a huge ring");
-        let (filled, clean) = self.fill_move(ring, dst, len);
-        let mut off = match filled {
-            Ok(()) if clean => {
-                Stats::add(&self.stats().huge_moves, (len / PMD_SIZE) as u64);
-                return Ok(());
+        // With a pool per node, from the huge rings `pool_for` picks as they run dry; under an
+        // interleave policy one huge page at a time, each from its own node's ring.
+        let per_pmd = self.interleave.is_some();
+        let (mut off, mut tried) = (0, 0u64);
+        while off < len {
+            let at = dst + off;
+            let Some(src) = self.pool_for(RingKind::Huge, at, tried) else {
+                break;
+            };
+            let ring = src.pool.huge.as_ref().expect("huge pages imply a huge ring");
+            let n = if per_pmd { PMD_SIZE } else { len - off };
+            let (filled, clean) = self.fill_move(ring, at, n);
+            let moved = match filled {
+                Ok(()) if clean => n,
+                Err(Stopped {
+                    at,
+                    why: Stop::RingEmpty,
+                }) if clean => {
+                    tried |= tried_bit(src.ix);
+                    at
+                }
+                Ok(()) => return self.huge_fallback(dst, len, off + n, range),
+                Err(s) => return self.huge_fallback(dst, len, off + s.at, range),
+            };
+            self.count_taken(&src, pages(moved));
+            Stats::add(&self.stats().huge_moves, (moved / PMD_SIZE) as u64);
+            off += moved;
+            if moved == n {
+                tried = 0;
             }
-            Err(Stopped {
-                at,
-                why: Stop::RingEmpty,
-            }) if clean => at,
-            Ok(()) => return self.huge_fallback(dst, len, len, range),
-            Err(s) => return self.huge_fallback(dst, len, s.at, range),
-        };
-        Stats::add(&self.stats().huge_moves, (off / PMD_SIZE) as u64);
+        }
+        if off >= len {
+            return Ok(());
+        }
         // Tell the scrub what the ring lacked: it may trade recycled 4 KiB pages for huge ones.
-        pool.note_huge_missed(((len - off) / PMD_SIZE) as u64);
+        if let Some(home) = self.home_pool() {
+            home.note_huge_missed(((len - off) / PMD_SIZE) as u64);
+        }
         // The ring ran dry: prepare each remaining huge page here, as the kernel's own THP
         // fault would, while the scrub refills the ring on the other CPU.
         while off < len {
@@ -211,6 +232,11 @@ impl<K: Kernel> Handler<'_, K> {
             return none;
         }
         let addr = stage.as_ptr() as usize;
+        // Under an interleave policy each huge page has its own node: the staging populate
+        // follows the handler's preferred node.
+        if let Some(m) = self.interleave {
+            self.prefer_node(crate::nodes::interleave_node(&m, dst, 9));
+        }
         let t0 = Instant::now();
         let populated = stage.populate();
         if t0.elapsed() > STAGE_SLOW {

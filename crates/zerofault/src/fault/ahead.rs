@@ -106,7 +106,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// Pages a window ahead may take at once (`ahead=fault`): the ready huge pages (the ready
     /// 4 KiB pages without a huge ring), none without a pool to move from.
     pub(crate) fn ready_pages(&self) -> u64 {
-        let Some(pool) = self.shared.pool.as_ref().filter(|_| self.can_move) else {
+        let Some(pool) = self.home_pool().filter(|_| self.can_move) else {
             return 0;
         };
         match (&pool.huge, self.stage) {
@@ -118,7 +118,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// A huge page can be had without waiting long: one is ready in the huge ring, or the
     /// handler may make its own (its staging is not resting after a slow one).
     fn huge_ready(&self) -> bool {
-        let Some(ring) = self.shared.pool.as_ref().and_then(|p| p.huge.as_ref()) else {
+        let Some(ring) = self.home_pool().and_then(|p| p.huge.as_ref()) else {
             return false;
         };
         self.stage.is_some()

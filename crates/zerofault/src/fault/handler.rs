@@ -2,8 +2,10 @@
 //! events are drained.
 
 use super::{Kernel, BATCH};
+use crate::nodes::{Avail, RingKind};
 use crate::options::{AheadMode, Options};
 use crate::page::{pages, PAGE_SIZE};
+use crate::pool::Pool;
 use crate::predict::Tuning;
 use crate::stats::{nanos, Stats};
 use crate::sys::mman::Mapping;
@@ -18,11 +20,28 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Faulting threads whose node a handler keeps (see `Handler::steer`).
+/// Faulting threads whose node a handler keeps (see `Handler::choose_nodes`).
 const THREAD_NODES: usize = 64;
 /// How long a thread's node is taken as known: a thread that moves to another node meanwhile
 /// gets a window or two from the old one.
 const NODE_TTL: Duration = Duration::from_millis(10);
+
+/// Where an install takes pool pages from (see [`Handler::pool_for`]).
+pub(crate) struct Source<'a> {
+    /// The pool's index in `Shared::pools`.
+    pub(crate) ix: usize,
+    pub(crate) pool: &'a Pool,
+    /// The index of the pool of the node the fault wanted first (`None` on one node).
+    pub(crate) wanted: Option<usize>,
+    /// The wanted node was picked by interleaving.
+    pub(crate) interleaved: bool,
+}
+
+/// The bit of pool `ix` in an install's mask of pools found empty (pools from the 64th on
+/// share the last bit: one of them found empty makes the install skip them all).
+pub(crate) fn tried_bit(ix: usize) -> u64 {
+    1 << ix.min(63)
+}
 
 /// Times an install is retried after draining events before giving up on it.
 pub(crate) const EVENT_RETRIES: u32 = 8;
@@ -199,9 +218,15 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) mapping_events: u64,
     /// This handler's number: its staging area, doorbell and `handling` bracket.
     pub(crate) index: usize,
-    /// The node this handler thread prefers now (`set_mempolicy`), with several nodes: the last
-    /// faulting thread's (see [`Handler::steer`]).
+    /// The node this handler thread prefers now (`set_mempolicy`), with several nodes: the
+    /// first node of the last fault's choice (see [`Handler::choose_nodes`]).
     pub(crate) preferred: Option<u32>,
+    /// With several nodes, the nodes the fault being served takes pool pages from, in order
+    /// (its policy's [`crate::nodes::Choice`]); empty under an interleave policy.
+    pub(crate) order: Vec<u32>,
+    /// The interleave policy's nodes, when the fault being served is under one: each page (or
+    /// huge page) has its own first node.
+    pub(crate) interleave: Option<crate::sys::numa::NodeMask>,
     /// Several nodes, and the handler started with the default policy. Handler threads inherit
     /// the policy of the program thread that started the engine (`numactl --membind`, say),
     /// which the kernel then applies to their copies as it would to the program's own faults:
@@ -240,7 +265,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// Handler `index`.
     pub(crate) fn nth(shared: &'a Shared, k: &'a K, index: usize) -> Handler<'a, K> {
         let opts = &shared.opts;
-        let can_move = opts.pool && shared.pool.is_some() && shared.features.has(crate::Features::MOVE);
+        let can_move = opts.pool && !shared.pools.is_empty() && shared.features.has(crate::Features::MOVE);
         let stage = shared.stage.get(index).filter(|_| can_move);
         Handler {
             shared,
@@ -262,8 +287,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
             mapping_events: 0,
             index,
             preferred: None,
-            may_steer: shared.topology.is_some()
-                && crate::sys::numa::thread_policy() == Ok(crate::sys::numa::MPOL_DEFAULT),
+            order: Vec::new(),
+            interleave: None,
+            may_steer: shared.numa.is_some()
+                && crate::sys::numa::thread_policy().map(|p| p.0) == Ok(crate::sys::numa::MPOL_DEFAULT),
             thread_nodes: [None; THREAD_NODES],
             ahead: match opts.ahead {
                 AheadMode::Wake if shared.handling.len() > 1 => AheadMode::Fault,
@@ -345,42 +372,169 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
     }
 
-    /// With several NUMA nodes: makes the faulting thread's node (the node of the CPU it
-    /// faulted on) this handler's preferred node, so that the pages the kernel allocates for
-    /// this fault's installs (copies, a populate of the staging area) come from the node its
-    /// own fault would have used. A mapping's own policy (`mbind`) still comes first: the
-    /// kernel applies it. Pool pages are where the scrub made them: per-node pools are issue
-    /// 11's next step. One node: nothing is done.
-    pub(crate) fn steer(&mut self, tid: u32) {
-        if !self.may_steer {
-            return;
-        }
-        let Some(t) = self.shared.topology.as_ref() else { return };
+    /// With several NUMA nodes, works out where the pages of the fault at `addr` by thread
+    /// `tid` come from, in the kernel's order (`nodes.rs`): the policy of the mapping
+    /// (`get_mempolicy` on the address, 0.16 µs here: read on every fault, so that a policy
+    /// set by any means, a raw `mbind` system call too, is seen at once), else the policy the
+    /// handler inherited from the thread that started the engine; and for the local policy the
+    /// node of the CPU the thread faulted on. The first node becomes this handler's preferred
+    /// one, so that the pages the kernel allocates for this fault's installs (copies, a
+    /// populate of the staging area) come from there too (the mapping's own policy, when it has
+    /// one, still comes first: the kernel applies it). One node: nothing is done.
+    pub(crate) fn choose_nodes(&mut self, tid: u32, addr: usize) {
+        let Some(n) = self.shared.numa.as_ref() else { return };
         // Reading the thread's CPU costs ~1.9 µs here (open, read, close of its stat file; 4 µs
         // with the machine busy), an eighth to a quarter of a fault's round trip: a thread's
         // node is kept for NODE_TTL.
         let now = Instant::now();
         let slot = &mut self.thread_nodes[tid as usize % THREAD_NODES];
-        let node = match *slot {
+        let local = match *slot {
             Some((id, node, at)) if id == tid && now.duration_since(at) < NODE_TTL => node,
             _ => {
-                let node = crate::sys::numa::cpu_of_thread(tid).and_then(|c| t.node_of_cpu(c));
+                let node = crate::sys::numa::cpu_of_thread(tid).and_then(|c| n.topology.node_of_cpu(c));
                 *slot = Some((tid, node, now));
                 node
             }
         };
-        if node != self.preferred {
-            match crate::sys::numa::prefer(node) {
-                Ok(()) => {
-                    self.preferred = node;
-                    if node.is_some() {
-                        Stats::add(&self.stats().numa_steers, 1);
-                    }
-                }
-                // A node the kernel refuses (no memory, outside the cpuset): not asked again
-                // for this thread until its entry expires.
-                Err(_) => *slot = Some((tid, self.preferred, now)),
+        // A thread whose CPU cannot be read: the first pool's node.
+        let local = local.or_else(|| n.pool_nodes().next()).unwrap_or(0);
+        let policy = match crate::sys::numa::policy_of(addr) {
+            Ok((crate::sys::numa::MPOL_DEFAULT, _)) | Err(_) => n.policy,
+            Ok((mode, mask)) => crate::nodes::Policy::from_mode(mode, mask).unwrap_or(n.policy),
+        };
+        self.order.clear();
+        self.interleave = None;
+        let first = match policy {
+            crate::nodes::Policy::Local => {
+                self.order.extend_from_slice(n.near(local));
+                self.order.first().copied()
             }
+            crate::nodes::Policy::Interleave(m) if !m.is_empty() => {
+                self.interleave = Some(m);
+                crate::nodes::interleave_node(&m, addr, 9)
+            }
+            p => {
+                self.order = crate::nodes::Choice::of(&n.topology, p, local, 0).order;
+                self.order.first().copied()
+            }
+        };
+        if !self.prefer_node(first) {
+            // A node the kernel refuses (no memory, outside the cpuset): not asked again for
+            // this thread until its entry expires.
+            self.thread_nodes[tid as usize % THREAD_NODES] = Some((tid, self.preferred, now));
+        }
+    }
+
+    /// Makes `node` this handler thread's preferred node (where it may steer); false when the
+    /// kernel refused it.
+    pub(crate) fn prefer_node(&mut self, node: Option<u32>) -> bool {
+        if !self.may_steer || node == self.preferred {
+            return true;
+        }
+        match crate::sys::numa::prefer(node) {
+            Ok(()) => {
+                self.preferred = node;
+                if node.is_some() {
+                    Stats::add(&self.stats().numa_steers, 1);
+                }
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// The first node wanted for a page at `addr` of ring `kind`, and the nodes to try after
+    /// it: the fault's order, or under interleave the page's (huge page's) own node and its
+    /// fallbacks.
+    fn order_for(&self, kind: RingKind, addr: usize) -> (&[u32], bool) {
+        let n = self.shared.numa.as_ref().expect("several nodes");
+        match self.interleave {
+            Some(m) => {
+                let order = if kind == RingKind::Huge { 9 } else { 0 };
+                match crate::nodes::interleave_node(&m, addr, order) {
+                    Some(first) => (n.near(first), true),
+                    None => (&self.order, false),
+                }
+            }
+            None => (&self.order, false),
+        }
+    }
+
+    /// The pool to take pages for `addr` from (ring `kind`), skipping the pools whose bit is
+    /// set in `tried` (found empty by this install already): one node, the pool unless tried;
+    /// several, the first node of the order whose ring has pages, skipping nodes marked full
+    /// in the last second (seed 001), marking those found full, and stopping (`None`: the
+    /// handler makes the pages itself, on the wanted node) at an empty ring whose node still
+    /// has memory.
+    pub(crate) fn pool_for(&self, kind: RingKind, addr: usize, tried: u64) -> Option<Source<'a>> {
+        let shared: &'a Shared = self.shared;
+        let pools = &shared.pools;
+        let Some(n) = shared.numa.as_ref().filter(|_| pools.len() > 1) else {
+            return pools.first().filter(|_| tried & 1 == 0).map(|pool| Source {
+                ix: 0,
+                pool,
+                wanted: None,
+                interleaved: false,
+            });
+        };
+        let (order, interleaved) = self.order_for(kind, addr);
+        let pick = n.zlc.pick(kind, order, |node| {
+            let Some(p) = n.pool_of(node).map(|i| (i, &pools[i])) else {
+                return Avail::Full;
+            };
+            let ring = match kind {
+                RingKind::Small => Some(&p.1.small),
+                RingKind::Huge => p.1.huge.as_ref(),
+            };
+            if tried & tried_bit(p.0) == 0 && ring.is_some_and(|r| r.available() > 0) {
+                Avail::Pages
+            } else if p.1.low.load(Relaxed) {
+                Avail::Full
+            } else {
+                Avail::Empty
+            }
+        });
+        let stats = self.stats();
+        Stats::add(&stats.zlc_skips, u64::from(pick.skipped));
+        Stats::add(&stats.zlc_marks, u64::from(pick.found_empty));
+        let ix = n.pool_of(pick.node?)?;
+        Some(Source {
+            ix,
+            pool: &pools[ix],
+            wanted: order.first().and_then(|&f| n.pool_of(f)),
+            interleaved,
+        })
+    }
+
+    /// The pool of the node this fault wants first (the only pool on one node): the one whose
+    /// scrub is asked to refill, and whose level says how far a window ahead may reach.
+    pub(crate) fn home_pool(&self) -> Option<&'a Pool> {
+        let shared: &'a Shared = self.shared;
+        match (&shared.numa, self.order.first(), self.interleave) {
+            (Some(n), Some(&first), None) => n.pool_of(first).and_then(|i| shared.pools.get(i)),
+            _ => shared.pools.first(),
+        }
+    }
+
+    /// Counts `pages` taken from `src` (several nodes only), as the kernel counts a node's
+    /// allocations.
+    pub(crate) fn count_taken(&self, src: &Source<'a>, pages: u64) {
+        let Some(wanted) = src.wanted.filter(|_| pages > 0) else {
+            return;
+        };
+        let stats = self.stats();
+        let c = &src.pool.counts;
+        if wanted == src.ix {
+            c.hit.fetch_add(pages, Relaxed);
+            Stats::add(&stats.numa_hit, pages);
+            if src.interleaved {
+                c.interleave_hit.fetch_add(pages, Relaxed);
+                Stats::add(&stats.interleave_hit, pages);
+            }
+        } else {
+            c.miss.fetch_add(pages, Relaxed);
+            self.shared.pools[wanted].counts.foreign.fetch_add(pages, Relaxed);
+            Stats::add(&stats.numa_miss, pages);
         }
     }
 
@@ -510,7 +664,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// or read-only faults never start the scrub thread, so a program that does not stream
     /// through fresh memory pays for no pool at all.
     pub(crate) fn want_pool(&self) {
-        let Some(pool) = self.shared.pool.as_ref() else { return };
+        let Some(pool) = self.home_pool() else { return };
         if self.shared.pool_paused.load(Relaxed) {
             return;
         }
@@ -518,7 +672,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
             self.shared.streaming.store(true, Release);
         }
         if pool.available() < pages(self.opts.scrub_start) {
-            self.shared.scrub.kick();
+            pool.scrub.kick();
         }
     }
 }

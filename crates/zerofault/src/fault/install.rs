@@ -2,7 +2,9 @@
 //! `fill_zeropage`), the loop they share, and the policy that picks among them.
 
 use super::locate::Located;
+use super::tried_bit;
 use super::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::nodes::RingKind;
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_SIZE};
 use crate::pool::Ring;
 use crate::predict::Outcome;
@@ -265,29 +267,57 @@ impl<K: Kernel> Handler<'_, K> {
         filled
     }
 
-    /// 4 KiB pages: moved from the small ring while it has pages, else copied.
+    /// 4 KiB pages: moved from the small ring while it has pages, else copied. With a pool per
+    /// node, from the rings [`Handler::pool_for`] picks, one after the other as they run dry;
+    /// under an interleave policy one page at a time, each from its own node's ring.
     pub(crate) fn install_small(&mut self, dst: usize, len: usize) -> Filled {
         if !self.can_move {
             return self.fill_copy(dst, len, None);
         }
-        let pool = self.shared.pool.as_ref().expect("can_move implies a pool");
-        let (moved, _) = self.fill_move(&pool.small, dst, len);
-        let Err(s) = moved else { return Ok(()) };
-        if s.why == Stop::RingEmpty {
+        let per_page = self.interleave.is_some();
+        let (mut off, mut tried, mut why) = (0, 0u64, Stop::RingEmpty);
+        while off < len {
+            let at = dst + off;
+            let Some(src) = self.pool_for(RingKind::Small, at, tried) else {
+                break;
+            };
+            let n = if per_page { PAGE_SIZE } else { len - off };
+            let (moved, _) = self.fill_move(&src.pool.small, at, n);
+            match moved {
+                Ok(()) => {
+                    self.count_taken(&src, pages(n));
+                    off += n;
+                    tried = 0;
+                }
+                Err(s) => {
+                    self.count_taken(&src, pages(s.at));
+                    off += s.at;
+                    if s.why != Stop::RingEmpty {
+                        why = s.why;
+                        break;
+                    }
+                    tried |= tried_bit(src.ix);
+                }
+            }
+        }
+        if off >= len {
+            return Ok(());
+        }
+        if why == Stop::RingEmpty {
             Stats::add(&self.stats().pool_empty, 1);
         }
         // Copying succeeds where moving is refused: in a PROT_NONE mapping past the memory the
         // program committed, too (an arena's or a JVM heap's reserve), which must get no page.
         // A span beyond the faulting page's mapping is refused instead, as the kernel refuses
         // one that crosses a mapping's end: the window is clipped there.
-        if !(dst..dst + len).contains(&self.fault_page) && dst + s.at >= self.mapping_end() {
+        if !(dst..dst + len).contains(&self.fault_page) && dst + off >= self.mapping_end() {
             return Err(Stopped {
-                at: s.at,
+                at: off,
                 why: Stop::Kernel(Errno(libc::ENOENT)),
             });
         }
-        self.fill_copy(dst + s.at, len - s.at, Some(s.why))
-            .map_err(|c| c.offset(s.at))
+        self.fill_copy(dst + off, len - off, Some(why))
+            .map_err(|c| c.offset(off))
     }
 
     /// Moves ready pages of `ring` into `[dst, dst + len)`, one ioctl per contiguous run, until

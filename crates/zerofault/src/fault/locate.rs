@@ -68,7 +68,7 @@ impl<K: Kernel> Handler<'_, K> {
             self.install_one(page_addr, write);
             return;
         };
-        self.steer(tid);
+        self.choose_nodes(tid, page_addr);
         if let Some(w) = self.locate(&range, page_addr, write, tid) {
             self.installing(Some((range.id, w.first, w.end)));
             let cut = self.install_window(&range, page_addr, w);

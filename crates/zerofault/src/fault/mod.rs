@@ -42,7 +42,7 @@ mod locate;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use handler::{run, Handler, Inflight, EVENT_RETRIES};
+pub(crate) use handler::{run, tried_bit, Handler, Inflight, EVENT_RETRIES};
 
 use crate::sys::raw::Errno;
 use crate::sys::uffd::{Msg, Progress, RawMsg, Uffd};

@@ -159,7 +159,7 @@ fn state(pool: bool, pages: u64, small: u64, huge: u64) -> Shared {
 fn state_with(o: Options, pages: u64, small: u64, huge: u64) -> Shared {
     let s = Shared::detached(o, huge > 0);
     s.ranges.insert(BASE, pages, None);
-    if let Some(p) = &s.pool {
+    if let Some(p) = s.pools.first() {
         while p.small.available() < small {
             p.small.fill_step(small - p.small.available(), &s.stats).unwrap();
         }
@@ -186,7 +186,7 @@ fn a_write_fault_moves_its_window_from_the_pool_and_the_move_wakes_the_thread() 
     assert!(k.wakes.borrow().is_empty(), "the move woke the thread");
     let st = s.stats.snapshot();
     assert_eq!((st.pages_moved, st.pages_copied), (16, 0));
-    assert_eq!(s.pool.as_ref().unwrap().small.available(), 256 - 16);
+    assert_eq!(s.pools.first().unwrap().small.available(), 256 - 16);
     // The next fault where the window ended is a hit: the window grows, the pool is wanted.
     h.fault(page(16), true, 7);
     assert_eq!(k.calls()[1], (Verb::Move, page(16), bytes(64)));
@@ -216,7 +216,7 @@ fn a_read_maps_the_zero_page_and_spends_no_pool_page() {
     let k = Fake::new();
     Handler::new(&s, &k).fault(page(3), false, 1);
     assert_eq!(k.calls(), [(Verb::Zeropage, page(3), bytes(16))]);
-    assert_eq!(s.pool.as_ref().unwrap().small.available(), 64);
+    assert_eq!(s.pools.first().unwrap().small.available(), 64);
     assert_eq!(s.stats.snapshot().pages_zero_mapped, 16);
 }
 
@@ -239,7 +239,7 @@ fn present_pages_are_skipped_and_cost_no_pool_page() {
     let st = s.stats.snapshot();
     assert_eq!((st.partial_installs, st.pages_moved), (1, 15));
     assert_eq!(
-        s.pool.as_ref().unwrap().small.available(),
+        s.pools.first().unwrap().small.available(),
         64 - 15,
         "the unused page went back"
     );
@@ -324,7 +324,7 @@ fn mappings_that_keep_changing_end_the_install_and_the_thread_is_woken() {
     let st = s.stats.snapshot();
     assert_eq!(st.drained_for_events, 2 * u64::from(super::EVENT_RETRIES));
     assert_eq!(
-        s.pool.as_ref().unwrap().small.available(),
+        s.pools.first().unwrap().small.available(),
         64,
         "the run went back whole"
     );
@@ -423,8 +423,8 @@ fn huge_pages_moved_before_a_failed_one_keep_their_pmds_clear() {
     let st = s.stats.snapshot();
     assert_eq!((st.huge_moves, st.huge_fallbacks), (1, 1));
     // The ring lacked one huge page: the scrub is told.
-    assert!(s.pool.as_ref().unwrap().take_huge_missed());
-    assert!(!s.pool.as_ref().unwrap().take_huge_missed());
+    assert!(s.pools.first().unwrap().take_huge_missed());
+    assert!(!s.pools.first().unwrap().take_huge_missed());
 }
 
 #[test]

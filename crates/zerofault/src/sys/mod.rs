@@ -29,13 +29,6 @@
 
 pub(crate) mod alloc;
 pub(crate) mod mman;
-#[cfg_attr(
-    not(test),
-    expect(
-        dead_code,
-        reason = "partly used: the policy calls wait for per-node pools (issue 11)"
-    )
-)]
 pub(crate) mod numa;
 pub(crate) mod raw;
 pub(crate) mod thread;

@@ -1,10 +1,9 @@
 //! NUMA topology and memory policy: the online nodes, their CPUs, memory and distance table from
 //! sysfs (under an injectable root, so that tests read a fake tree), and the system calls
 //! `mbind`, `get_mempolicy` and `move_pages` (query mode).
-//!
-//! Not wired into the pools yet (issue 11): the engine still runs one pool. What is here is
-//! what node-aware pools will stand on, tested over fake trees and, for the system calls, on
-//! this one-node machine.
+//! Also what the per-node pools need of the system: a thread bound to a node's CPUs
+//! ([`bind_to_cpus`], the scrub) and the calling thread's own policy ([`thread_policy`]). Raw system calls and stack buffers on every path an
+//! engine thread takes while serving.
 
 use super::raw::{self, Errno};
 use std::io;
@@ -118,6 +117,7 @@ fn malformed(what: String) -> io::Error {
 impl Topology {
     /// One node 0 holding every CPU: a kernel without NUMA (no `devices/system/node`), and
     /// what the engine runs as when the tree cannot be read.
+    #[cfg(test)]
     pub(crate) fn single(cpus: u32) -> Topology {
         Topology {
             nodes: vec![Node {
@@ -145,14 +145,8 @@ impl Topology {
             let cpus = parse_list(&cpulist).ok_or_else(|| malformed(format!("{dir}/cpulist: {cpulist:?}")))?;
             let meminfo = read(root, &format!("{dir}/meminfo"))?;
             // "Node 0 MemTotal:       24573484 kB"
-            let mem_total = meminfo
-                .lines()
-                .find_map(|l| {
-                    let rest = l.split_once("MemTotal:")?.1;
-                    rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()
-                })
-                .ok_or_else(|| malformed(format!("{dir}/meminfo has no MemTotal")))?
-                * 1024;
+            let mem_total = meminfo_field(meminfo.as_bytes(), "MemTotal:")
+                .ok_or_else(|| malformed(format!("{dir}/meminfo has no MemTotal")))?;
             // One distance per node of the system, in id order, possible nodes included on
             // some kernels: keep the online ones.
             let row = read(root, &format!("{dir}/distance"))?;
@@ -211,6 +205,7 @@ impl Topology {
     }
 
     /// Every online node id.
+    #[cfg(test)]
     pub(crate) fn online(&self) -> NodeMask {
         NodeMask::of(self.nodes.iter().map(|n| n.id))
     }
@@ -228,6 +223,7 @@ pub(crate) const MPOL_WEIGHTED_INTERLEAVE: i32 = 6;
 /// NUMA balancing): masked off.
 const MPOL_MODE_FLAGS: i32 = (1 << 15) | (1 << 14) | (1 << 13);
 const MPOL_F_ADDR: usize = 1 << 1;
+const MPOL_F_MEMS_ALLOWED: usize = 1 << 2;
 
 /// The memory policy of the mapping holding `addr`: its mode (flags masked off) and node
 /// mask. `MPOL_DEFAULT` means the mapping has none of its own (the faulting thread's policy
@@ -291,13 +287,117 @@ pub(crate) fn nodes_of(pages: &[usize], out: &mut [i32]) -> Result<(), Errno> {
     .map(|_| ())
 }
 
-/// The calling thread's own memory policy mode (`get_mempolicy` without an address; flags
-/// masked off).
-pub(crate) fn thread_policy() -> Result<i32, Errno> {
+/// The calling thread's own memory policy (`get_mempolicy` without an address): its mode
+/// (flags masked off) and node mask.
+pub(crate) fn thread_policy() -> Result<(i32, NodeMask), Errno> {
     let mut mode: i32 = 0;
-    // SAFETY: `mode` is valid for writes; no mask is asked for.
-    unsafe { raw::call(libc::SYS_get_mempolicy, [&mut mode as *mut i32 as usize, 0, 0, 0, 0, 0]) }?;
-    Ok(mode & !MPOL_MODE_FLAGS)
+    let mut mask = NodeMask::default();
+    // SAFETY: `mode` and `mask` are valid for writes; maxnode is the mask's size in bits.
+    unsafe {
+        raw::call(
+            libc::SYS_get_mempolicy,
+            [
+                &mut mode as *mut i32 as usize,
+                mask.0.as_mut_ptr() as usize,
+                MAX_NODES,
+                0,
+                0,
+                0,
+            ],
+        )
+    }?;
+    Ok((mode & !MPOL_MODE_FLAGS, mask))
+}
+
+/// The nodes this process may allocate from (`get_mempolicy(MPOL_F_MEMS_ALLOWED)`: its
+/// cpuset's memory nodes).
+pub(crate) fn mems_allowed() -> Result<NodeMask, Errno> {
+    let mut mode: i32 = 0;
+    let mut mask = NodeMask::default();
+    // SAFETY: `mode` and `mask` are valid for writes; maxnode is the mask's size in bits.
+    unsafe {
+        raw::call(
+            libc::SYS_get_mempolicy,
+            [
+                &mut mode as *mut i32 as usize,
+                mask.0.as_mut_ptr() as usize,
+                MAX_NODES,
+                0,
+                MPOL_F_MEMS_ALLOWED,
+                0,
+            ],
+        )
+    }?;
+    Ok(mask)
+}
+
+/// Lets the calling thread run only on those of `cpus` it may run on now
+/// (`sched_setaffinity` over the intersection with its `sched_getaffinity` mask, so that a
+/// `taskset` or cpuset around the process still holds; ids at or above 4096 are left out).
+/// `EINVAL` when none is left. For a node's scrub thread, which then populates and zeroes on
+/// that node's CPUs.
+pub(crate) fn bind_to_cpus(cpus: &[u32]) -> Result<(), Errno> {
+    let mut now = [0u64; 64];
+    // SAFETY: the kernel writes at most `size_of_val(&now)` bytes into `now`.
+    unsafe {
+        raw::call(
+            libc::SYS_sched_getaffinity,
+            [0, std::mem::size_of_val(&now), now.as_mut_ptr() as usize, 0, 0, 0],
+        )
+    }?;
+    let mut mask = [0u64; 64];
+    for &c in cpus {
+        if let Some(w) = mask.get_mut(c as usize / 64) {
+            *w |= 1 << (c % 64);
+        }
+    }
+    for (m, n) in mask.iter_mut().zip(now) {
+        *m &= n;
+    }
+    if mask.iter().all(|w| *w == 0) {
+        return Err(Errno(libc::EINVAL));
+    }
+    // SAFETY: the kernel reads `size_of_val(&mask)` bytes of `mask`; tid 0 is the caller.
+    unsafe {
+        raw::call(
+            libc::SYS_sched_setaffinity,
+            [0, std::mem::size_of_val(&mask), mask.as_ptr() as usize, 0, 0, 0],
+        )
+    }
+    .map(|_| ())
+}
+
+/// Reads a small file into `buf` with raw system calls (no allocation); the bytes read.
+fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
+    // SAFETY: openat with a NUL-terminated path (the caller's buffer ends in zeros).
+    let fd = unsafe {
+        raw::call(
+            libc::SYS_openat,
+            [
+                raw::int_arg(libc::AT_FDCWD),
+                path.as_ptr() as usize,
+                raw::int_arg(libc::O_RDONLY | libc::O_CLOEXEC),
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+    .ok()?;
+    // SAFETY: read into `buf`, at most its length.
+    let n = unsafe { raw::call(libc::SYS_read, [fd, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0]) };
+    // SAFETY: closes the descriptor opened above, once.
+    let _ = unsafe { raw::call(libc::SYS_close, [fd, 0, 0, 0, 0, 0]) };
+    n.ok()
+}
+
+/// A field of a node's meminfo ("Node 0 MemFree:  123 kB"), in bytes.
+pub(crate) fn meminfo_field(meminfo: &[u8], field: &str) -> Option<u64> {
+    let text = std::str::from_utf8(meminfo).ok()?;
+    text.lines().find_map(|l| {
+        let rest = l.split_once(field)?.1;
+        Some(rest.trim().strip_suffix("kB")?.trim().parse::<u64>().ok()? * 1024)
+    })
 }
 
 /// Makes `node` the calling thread's preferred node (`set_mempolicy(MPOL_PREFERRED)`), or
@@ -324,27 +424,9 @@ pub(crate) fn cpu_of_thread(tid: u32) -> Option<u32> {
     // Written into the stack buffer (io::Write for a slice): the zeros left after it end the
     // string.
     write!(&mut path[..47], "/proc/self/task/{tid}/stat").ok()?;
-    // SAFETY: openat with a NUL-terminated path in `path`; the result is checked.
-    let fd = unsafe {
-        raw::call(
-            libc::SYS_openat,
-            [
-                raw::int_arg(libc::AT_FDCWD),
-                path.as_ptr() as usize,
-                raw::int_arg(libc::O_RDONLY | libc::O_CLOEXEC),
-                0,
-                0,
-                0,
-            ],
-        )
-    }
-    .ok()?;
     let mut buf = [0u8; 1024];
-    // SAFETY: read into `buf`, at most its length.
-    let n = unsafe { raw::call(libc::SYS_read, [fd, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0]) };
-    // SAFETY: closes the descriptor opened above, once.
-    let _ = unsafe { raw::call(libc::SYS_close, [fd, 0, 0, 0, 0, 0]) };
-    processor_field(&buf[..n.ok()?])
+    let n = read_small(&path, &mut buf)?;
+    processor_field(&buf[..n])
 }
 
 /// Field 39 (`processor`) of a `/proc/<pid>/stat` line. The second field, the command name in
@@ -406,11 +488,11 @@ pub(crate) mod tests {
             let tid = crate::sys::thread::gettid();
             // Preferring node 0 (always online) and going back to the default both succeed,
             // and the thread's policy says so.
-            assert_eq!(thread_policy(), Ok(MPOL_DEFAULT));
+            assert_eq!(thread_policy().map(|p| p.0), Ok(MPOL_DEFAULT));
             prefer(Some(0)).unwrap();
-            assert_eq!(thread_policy(), Ok(MPOL_PREFERRED));
+            assert_eq!(thread_policy(), Ok((MPOL_PREFERRED, NodeMask::of([0]))));
             prefer(None).unwrap();
-            assert_eq!(thread_policy(), Ok(MPOL_DEFAULT));
+            assert_eq!(thread_policy().map(|p| p.0), Ok(MPOL_DEFAULT));
             cpu_of_thread(tid)
         })
         .join()
@@ -513,5 +595,22 @@ pub(crate) mod tests {
         unsafe { mbind(a, 1 << 21, MPOL_BIND, &NodeMask::of([node])) }.unwrap();
         let (mode, mask) = policy_of(a).unwrap();
         assert_eq!((mode, mask), (MPOL_BIND, NodeMask::of([node])));
+        assert_eq!(
+            meminfo_field(b"Node 3 MemTotal:  10 kB\nNode 3 MemFree:   7 kB\n", "MemFree:"),
+            Some(7 * 1024)
+        );
+        assert!(mems_allowed().unwrap().contains(node), "the page's node is allowed");
+        // A thread bound to one CPU runs there; one kept off a CPU is not moved onto it.
+        let cpu = t.nodes[0].cpus[0];
+        let (on, widened) = std::thread::spawn(move || {
+            bind_to_cpus(&[cpu]).unwrap();
+            // SAFETY: sched_getcpu reads the calling thread's CPU.
+            let on = unsafe { libc::sched_getcpu() };
+            (on, bind_to_cpus(&[cpu + 1]))
+        })
+        .join()
+        .unwrap();
+        assert_eq!(on, cpu as i32);
+        assert_eq!(widened, Err(Errno(libc::EINVAL)), "not beyond the thread's own mask");
     }
 }
