@@ -39,7 +39,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 use zerofault::page::PAGE_SIZE;
-use zerofault::{Engine, Options, Snapshot};
+use zerofault::{Engine, NodePool, Options, Snapshot};
 
 pub(crate) const CACHE_LINE: usize = 64;
 pub(crate) const MAX_CACHELINES: usize = PAGE_SIZE / CACHE_LINE;
@@ -365,6 +365,8 @@ struct Rep {
     /// Pool fill before the timed part: (wall, cpu) seconds.
     fill: Option<(f64, f64)>,
     stats: Option<Snapshot>,
+    /// Each node's pool at the end (several NUMA nodes only).
+    nodes: Vec<NodePool>,
 }
 
 /// Page indices each of `threads` threads touches, in order, prepared outside the timed part.
@@ -502,6 +504,7 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
             pages,
             fill: None,
             stats: None,
+            nodes: Vec::new(),
         })
     };
     match mode.base {
@@ -524,6 +527,7 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
             let base = region.as_ptr() as usize;
             let (user, sys, wall) = timed_touch(base, jobs(base, false), at.cachelines)?;
             let stats = engine.stats().since(&before);
+            let nodes = engine.node_pools();
             drop(region);
             drop(engine);
             Ok(Rep {
@@ -533,6 +537,7 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
                 pages,
                 fill,
                 stats: Some(stats),
+                nodes,
             })
         }
     }
@@ -669,6 +674,7 @@ fn run_loop_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, 
         e.stats().since(before.as_ref().expect("stats before"))
     });
     let (u1, s1) = process_cpu_time();
+    let nodes = engine.as_ref().map(Engine::node_pools).unwrap_or_default();
     drop(engine);
     Ok(Rep {
         user: (u1 - u0).as_secs_f64(),
@@ -677,6 +683,7 @@ fn run_loop_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, 
         pages,
         fill,
         stats,
+        nodes,
     })
 }
 
@@ -710,6 +717,8 @@ pub(crate) struct Row {
     pub(crate) fill: Option<(f64, f64)>,
     /// The engine's counters during the last rep's timed part.
     pub(crate) stats: Option<Snapshot>,
+    /// Each node's pool after the last rep (several NUMA nodes only).
+    pub(crate) nodes: Vec<NodePool>,
 }
 
 impl Row {
@@ -740,6 +749,7 @@ fn summarize(mode: &Mode, at: Point, reps: &[Rep]) -> Row {
             )
         }),
         stats: reps.last().and_then(|r| r.stats.clone()),
+        nodes: reps.last().map(|r| r.nodes.clone()).unwrap_or_default(),
     }
 }
 

@@ -44,5 +44,6 @@ pub(crate) fn row(mode: &str, threads: usize, cachelines: usize, wall: f64) -> R
         pages: 1000,
         flt_per_cpu_s: 1000.0 / 0.3,
         fault_per_wsec: 1000.0 / wall,
+        nodes: Vec::new(),
     }
 }

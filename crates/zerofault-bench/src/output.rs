@@ -153,6 +153,24 @@ pub(crate) fn table(a: &BenchArgs, m: &Machine, rows: &[Row]) -> String {
             );
         }
     }
+    // Several NUMA nodes: what each node's pool gave during the last rep (pages), and its
+    // level after it, one line per node.
+    for r in rows.iter().filter(|r| !r.nodes.is_empty()) {
+        for n in &r.nodes {
+            notes += &format!(
+                "{} threads={}: node {}: hit {}, miss {}, foreign {}, interleave {} pages; pool {} MiB ready{}\n",
+                r.mode.name(),
+                r.at.threads,
+                n.node,
+                n.hit,
+                n.miss,
+                n.foreign,
+                n.interleave_hit,
+                n.ready_pages / 256,
+                if n.low { " (node below its low mark)" } else { "" }
+            );
+        }
+    }
     for r in rows.iter().filter(|r| r.spread_warning()) {
         notes += &format!(
             "warning: {} threads={} cachelines={}: wall varied {:.3}s..{:.3}s over the reps (more than 25%)\n",
@@ -370,6 +388,38 @@ mod tests {
         let t = table(&a, &machine(), &noisy);
         assert!(
             t.contains("warning: engine threads=1 cachelines=1: wall varied 0.100s..0.130s"),
+            "{t}"
+        );
+        assert!(!t.contains("node 0:"), "one node: no per-node line");
+        // Several nodes: one line per node of each engine row.
+        let mut numa = rows();
+        numa[1].nodes = vec![
+            zerofault::NodePool {
+                node: 0,
+                ready_pages: 512,
+                hit: 100,
+                miss: 0,
+                foreign: 7,
+                interleave_hit: 0,
+                low: true,
+            },
+            zerofault::NodePool {
+                node: 1,
+                ready_pages: 256,
+                hit: 50,
+                miss: 7,
+                foreign: 0,
+                interleave_hit: 3,
+                low: false,
+            },
+        ];
+        let t = table(&a, &machine(), &numa);
+        assert!(
+            t.contains("engine threads=1: node 0: hit 100, miss 0, foreign 7, interleave 0 pages; pool 2 MiB ready (node below its low mark)"),
+            "{t}"
+        );
+        assert!(
+            t.contains("engine threads=1: node 1: hit 50, miss 7, foreign 0, interleave 3 pages; pool 1 MiB ready\n"),
             "{t}"
         );
     }
