@@ -787,6 +787,42 @@ impl Drop for Engine {
 
 #[cfg(test)]
 impl Shared {
+    /// [`Shared::detached`] on the nodes of `topology` (a fake tree): a 4 KiB pool of
+    /// `opts.pool_max` per node with memory, not bound (the nodes need not exist here), and
+    /// the NUMA view with `policy` as the process's.
+    pub(crate) fn detached_nodes(
+        opts: Options,
+        topology: crate::sys::numa::Topology,
+        policy: crate::nodes::Policy,
+    ) -> Shared {
+        let numa = crate::nodes::Nodes::new(topology, policy);
+        let pools = numa
+            .pool_nodes()
+            .map(|n| {
+                let mut p = Pool::new(opts.pool_max, false, false, None).expect("pool");
+                p.node = Some(n);
+                p
+            })
+            .collect();
+        Shared {
+            pools,
+            numa: Some(numa),
+            ..Shared::detached(
+                Options {
+                    pool: false,
+                    ..opts.clone()
+                },
+                false,
+            )
+        }
+        .with_pool_option(opts.pool)
+    }
+
+    fn with_pool_option(mut self, pool: bool) -> Shared {
+        self.opts.pool = pool;
+        self
+    }
+
     /// State with no userfaultfd and no threads, for driving the handler against a fake
     /// kernel: a pool of `opts.pool_max` (real memory; with a huge ring and a staging area
     /// when `huge`), nothing filled.

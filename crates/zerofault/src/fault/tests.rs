@@ -591,3 +591,90 @@ fn a_window_ahead_after_the_wake_moves_huge_pages_in_address_order_and_yields_to
     stream(&mut h, &s, 1);
     assert_eq!(s.stats.snapshot().predict_misses, misses, "the next fault is a hit");
 }
+
+/// Two nodes (a fake tree: they need not exist here), a 4 KiB pool of 16 MiB each, with
+/// `small` pages ready in each, and a range of `pages` pages at [`BASE`].
+fn two_nodes(name: &str, policy: crate::nodes::Policy, pages: u64, small: u64) -> Shared {
+    let root =
+        crate::sys::numa::tests::fake_tree(name, "0-1", &[(0, "0", 1 << 20, "10 20"), (1, "1", 1 << 20, "20 10")]);
+    let t = crate::sys::numa::Topology::read(&root).unwrap();
+    std::fs::remove_dir_all(root).unwrap();
+    let s = Shared::detached_nodes(opts(true), t, policy);
+    s.ranges.insert(BASE, pages, None);
+    for p in &s.pools {
+        while p.small.available() < small {
+            p.small.fill_step(small - p.small.available(), &s.stats).unwrap();
+        }
+    }
+    s
+}
+
+/// A thread whose CPU cannot be read: its node is the first pool's (node 0).
+const NO_SUCH_THREAD: u32 = u32::MAX - 1;
+
+#[test]
+fn with_two_nodes_a_fault_takes_its_nodes_pool_and_the_next_only_when_its_node_is_full() {
+    let s = two_nodes("pool-choice", crate::nodes::Policy::Local, 1 << 16, 256);
+    let (p0, p1) = (&s.pools[0], &s.pools[1]);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    // Node 0's pool while it has pages: hits.
+    h.fault(page(0), true, NO_SUCH_THREAD);
+    assert_eq!((p0.small.available(), p1.small.available()), (240, 256));
+    let st = s.stats.snapshot();
+    assert_eq!((st.numa_hit, st.numa_miss), (16, 0));
+    assert_eq!(p0.counts.hit.load(Relaxed), 16);
+    // Node 0's ring empty but the node has memory: the handler makes the pages itself (on
+    // node 0, as the kernel would), node 1's pool untouched, nothing marked. (A fault far from
+    // the stream starts a new one: its window is a page or a few.)
+    let all = p0.small.take(240).unwrap();
+    assert_eq!(all.pages, 240);
+    h.fault(page(10_000), true, NO_SUCH_THREAD);
+    let st1 = s.stats.snapshot();
+    assert!(st1.pages_copied > 0 && st1.pages_moved == 16, "{st1:?}");
+    assert_eq!((st1.zlc_marks, st1.numa_miss), (0, 0));
+    assert_eq!(p1.small.available(), 256);
+    // Node 0 full (its last populate got another node's pages): node 1's pool, a miss for
+    // node 1 and a foreign page for node 0, node 0 marked.
+    p0.low.store(true, Relaxed);
+    h.fault(page(20_000), true, NO_SUCH_THREAD);
+    let st2 = s.stats.snapshot();
+    let w = 256 - p1.small.available();
+    assert!(w > 0);
+    assert_eq!((st2.numa_miss, st2.zlc_marks, st2.zlc_skips), (w, 1, 0));
+    assert_eq!(st2.pages_copied, st1.pages_copied, "moved, not copied");
+    assert_eq!((p1.counts.miss.load(Relaxed), p0.counts.foreign.load(Relaxed)), (w, w));
+    // Node 0 has pages again, but is skipped until the zap (a second).
+    while p0.small.available() < 64 {
+        p0.small.fill_step(64, &s.stats).unwrap();
+    }
+    let before = p0.small.available();
+    h.fault(page(30_000), true, NO_SUCH_THREAD);
+    let st3 = s.stats.snapshot();
+    assert!(st3.numa_miss > st2.numa_miss);
+    assert_eq!((st3.zlc_skips, st3.zlc_marks), (1, 1));
+    assert_eq!(p0.small.available(), before, "node 0 skipped");
+    // Node 1 empty and full too: copies, node 1 marked.
+    let _ = p1.small.take(p1.small.available());
+    p1.low.store(true, Relaxed);
+    h.fault(page(40_000), true, NO_SUCH_THREAD);
+    let st4 = s.stats.snapshot();
+    assert!(st4.pages_copied > st3.pages_copied);
+    assert_eq!((st4.numa_miss, st4.zlc_marks), (st3.numa_miss, 2));
+}
+
+#[test]
+fn with_two_nodes_an_interleaved_window_alternates_its_pages_between_the_pools() {
+    let il = crate::nodes::Policy::Interleave(crate::sys::numa::NodeMask::of([0, 1]));
+    let s = two_nodes("interleave", il, 1 << 16, 64);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    // The fault's mapping has no policy of its own (BASE is not mapped: get_mempolicy fails),
+    // so the process's, interleave, applies: one page from each node in turn.
+    h.fault(page(0), true, NO_SUCH_THREAD);
+    let moves: Vec<_> = k.calls().into_iter().filter(|c| c.0 == Verb::Move).collect();
+    assert_eq!(moves.len(), 16, "one move per page: {moves:?}");
+    assert_eq!((s.pools[0].small.available(), s.pools[1].small.available()), (56, 56));
+    let st = s.stats.snapshot();
+    assert_eq!((st.numa_hit, st.interleave_hit, st.numa_miss), (16, 16, 0));
+}
