@@ -520,13 +520,25 @@ fn pages_land_on_the_nodes_the_kernel_would_pick_natively_and_under_the_shim() {
             "after: node 0 pages again",
         );
         if shim {
+            // Pool pages were there to get wrong: copies alone, which the kernel places by the
+            // steered or the mapping's policy, would pass the placement checks.
             let s = step_stats(&console, "local");
-            assert!(
-                field(&s, "numa_hit") > 0,
-                "{ctx}: the local step took pool pages: {s:?}"
+            at_least(
+                field(&s, "numa_hit"),
+                pages * nodes as u64,
+                25,
+                "local: pool pages (numa_hit)",
+            );
+            let s = step_stats(&console, "bind");
+            at_least(
+                field(&s, "numa_hit"),
+                field(bind, "of"),
+                25,
+                "bind: pool pages (numa_hit)",
             );
             let s = step_stats(&console, "interleave");
-            assert!(field(&s, "interleave_hit") > 0, "{ctx}: interleave hits: {s:?}");
+            let hits = field(&s, "interleave_hit");
+            at_least(hits, field(il, "of"), 5, "interleave: pool pages (interleave_hit)");
             let s = step_stats(&console, "full");
             eprintln!(
                 "{ctx}: full: {} of {} pages off node 0; {s:?}",

@@ -262,28 +262,10 @@ pub fn arena() -> Option<&'static Arena> {
     (!a.is_null()).then(|| unsafe { &*a })
 }
 
-/// The soft `RLIMIT_AS` / `RLIMIT_DATA`, whichever is lower, when either is finite: then the
-/// engine reserves no arena and a pool of a thirty-second of it at most, so that what the
-/// program may map stays what it would be without the shim, within that.
-fn memory_limit() -> Option<usize> {
-    let soft = |res: u32| {
-        let mut l = libc::rlimit {
-            rlim_cur: 0,
-            rlim_max: 0,
-        };
-        // SAFETY: prlimit64(0, res, NULL, &l) reads our own limit into `l`.
-        let r = unsafe {
-            raw::call(
-                libc::SYS_prlimit64,
-                [0, res as usize, 0, &mut l as *mut libc::rlimit as usize, 0, 0],
-            )
-        };
-        r.ok().map(|_| l.rlim_cur).filter(|c| *c != libc::RLIM_INFINITY)
-    };
-    let (a, d) = (soft(libc::RLIMIT_AS), soft(libc::RLIMIT_DATA));
-    a.into_iter().chain(d).min().map(|l| l as usize)
-}
-
+/// Starts the engine. Under a finite soft `RLIMIT_AS` / `RLIMIT_DATA` (whichever is lower)
+/// the engine reserves no arena and a pool of a thirty-second of it at most (shared by the
+/// nodes' pools), so that what the program may map stays what it would be without the shim,
+/// within that.
 fn start() {
     if STATE.compare_exchange(IDLE, STARTING, AcqRel, Acquire).is_err() {
         return;
@@ -292,7 +274,7 @@ fn start() {
         STATE.store(OFF, Release);
         return;
     };
-    let limit = memory_limit();
+    let limit = engine::os::mman::address_limit();
     if let Some(l) = limit {
         let pool = (l / 32) / PMD_SIZE * PMD_SIZE;
         opts.pool_max = opts.pool_max.min(pool);

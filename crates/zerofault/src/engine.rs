@@ -231,6 +231,40 @@ pub fn probe() -> Result<Features, UffdError> {
     Uffd::open().map(|u| u.features())
 }
 
+/// The NUMA view the engine runs with: `None` (one pool, nothing NUMA done) unless at least
+/// two nodes with memory are open to the process, and the calls per-node pools need work here
+/// (a container's seccomp profile may refuse them: then it runs as on one node). Handler
+/// threads inherit the starting thread's policy, which the kernel applies to mappings with none
+/// of their own. Nodes outside the process's cpuset, or outside its bind or interleave policy
+/// (`numactl --membind`, `--interleave`), take no pool: natively it would hold no memory there.
+/// On one node, no NUMA system call is made.
+fn numa_view() -> Option<crate::nodes::Nodes> {
+    use crate::nodes::Policy;
+    use crate::sys::numa;
+    let mut t = numa::Topology::read(std::path::Path::new("/sys")).ok()?;
+    let with_memory = |t: &numa::Topology| t.nodes.iter().filter(|n| n.mem_total > 0).count();
+    if with_memory(&t) < 2 {
+        return None;
+    }
+    let (mode, mask) = numa::thread_policy().ok()?;
+    let allowed = numa::mems_allowed().ok()?;
+    let here = 0u8;
+    let mut on = [-1i32];
+    numa::nodes_of(&[std::ptr::addr_of!(here) as usize & !(PAGE_SIZE - 1)], &mut on).ok()?;
+    let policy = Policy::from_mode(mode, mask).unwrap_or(Policy::Local);
+    let keep = |id: u32| {
+        allowed.contains(id)
+            && match policy {
+                Policy::Bind(m) | Policy::Interleave(m) => m.contains(id),
+                _ => true,
+            }
+    };
+    for n in t.nodes.iter_mut().filter(|n| !keep(n.id)) {
+        n.mem_total = 0;
+    }
+    (with_memory(&t) > 1).then(|| crate::nodes::Nodes::new(t, policy))
+}
+
 /// One node's pool, as [`Engine::node_pools`] reports it. Counts are pages, as the kernel's
 /// per-node `numastat` counts allocations (pool pages only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -282,42 +316,35 @@ impl Engine {
             let _ = unsafe { mman::unmap(doorbell, bells) };
             return Err(EngineError::Register(e.into()));
         }
-        // Several nodes with memory: a pool per node (see nodes.rs). Handler threads inherit
-        // the starting thread's policy: the kernel's for mappings with none of their own.
-        // Nodes outside the process's cpuset take no pool (their memory counts as none).
-        let numa = crate::sys::numa::Topology::read(std::path::Path::new("/sys"))
-            .ok()
-            .map(|mut t| {
-                if let Ok(allowed) = crate::sys::numa::mems_allowed() {
-                    for n in t.nodes.iter_mut().filter(|n| !allowed.contains(n.id)) {
-                        n.mem_total = 0;
-                    }
-                }
-                t
-            })
-            .filter(|t| t.nodes.iter().filter(|n| n.mem_total > 0).count() > 1)
-            .map(|t| {
-                let policy = crate::sys::numa::thread_policy()
-                    .ok()
-                    .and_then(|(mode, mask)| crate::nodes::Policy::from_mode(mode, mask))
-                    .unwrap_or(crate::nodes::Policy::Local);
-                crate::nodes::Nodes::new(t, policy)
-            });
-        let pool_nodes: Vec<Option<u32>> = match &numa {
-            Some(n) => n.pool_nodes().map(Some).collect(),
-            None => vec![None],
-        };
         let huge = opts.pool_thp && mman::thp_available();
-        let make_pools = |recycle: bool| -> Result<Vec<Pool>, EngineError> {
+        let make_pools = |numa: &Option<crate::nodes::Nodes>, recycle: bool| -> Result<Vec<Pool>, EngineError> {
             if !(opts.pool && features.has(Features::MOVE)) {
                 return Ok(Vec::new());
             }
-            pool_nodes
+            let nodes: Vec<Option<u32>> = match numa {
+                Some(n) => n.pool_nodes().map(Some).collect(),
+                None => vec![None],
+            };
+            // Under an address-space limit (the shim caps pool_max by it) the nodes share it.
+            let bytes = match (nodes.len(), mman::address_limit()) {
+                (k, Some(_)) if k > 1 => (opts.pool_max / k / PMD_SIZE * PMD_SIZE).max(PMD_SIZE),
+                _ => opts.pool_max,
+            };
+            nodes
                 .iter()
-                .map(|&node| Pool::new(opts.pool_max, huge, recycle, node).map_err(EngineError::Map))
+                .map(|&node| Pool::new(bytes, huge, recycle, node).map_err(EngineError::Map))
                 .collect()
         };
-        let pools = make_pools(opts.recycle)?;
+        // Several nodes with memory: a pool per node (see nodes.rs); where a node's pool cannot
+        // be bound, one pool as on one node.
+        let mut numa = numa_view();
+        let pools = match make_pools(&numa, opts.recycle) {
+            Err(_) if numa.is_some() => {
+                numa = None;
+                make_pools(&numa, opts.recycle)?
+            }
+            r => r?,
+        };
         let mut stage = Vec::new();
         if pools.first().is_some_and(|p| p.huge.is_some()) {
             for _ in 0..handlers {
@@ -338,7 +365,7 @@ impl Engine {
                 p.unregister(&uffd);
             }
             drop(pools);
-            make_pools(false)?
+            make_pools(&numa, false)?
         } else {
             pools
         };
@@ -696,7 +723,7 @@ impl Engine {
                     miss: p.counts.miss.load(Relaxed),
                     foreign: p.counts.foreign.load(Relaxed),
                     interleave_hit: p.counts.interleave_hit.load(Relaxed),
-                    low: p.low.load(Relaxed),
+                    low: p.node_full(),
                 })
             })
             .collect()

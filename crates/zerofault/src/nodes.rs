@@ -79,7 +79,10 @@ pub(crate) fn interleave_node(mask: &NodeMask, addr: usize, order: u32) -> Optio
     mask.nth(interleave_index(addr, order, 0, 0) % u64::from(mask.weight().max(1)))
 }
 
-/// The nodes to take a fault's pages from, in the order to try them.
+/// The nodes to take a fault's pages from, in the order to try them: the whole order as the
+/// tests check it (the handler fills its own buffer with [`Nodes::order_into`], and takes an
+/// interleave's per page with [`interleave_node`]).
+#[cfg(test)]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct Choice {
     /// The node the kernel would allocate on, then its fallbacks.
@@ -88,20 +91,14 @@ pub(crate) struct Choice {
     pub(crate) interleaved: bool,
 }
 
+#[cfg(test)]
 impl Choice {
     /// The order for `policy`, a fault by a thread on node `local`, with interleave index
     /// `ilx` (see [`interleave_index`]; unused by other policies).
     pub(crate) fn of(t: &Topology, policy: Policy, local: u32, ilx: u64) -> Choice {
+        let nodes = Nodes::new(t.clone(), Policy::Local);
         let near = |from: u32| t.by_distance(from);
         let (order, interleaved) = match policy {
-            Policy::Local => (near(local), false),
-            Policy::Preferred(n) => (near(n), false),
-            Policy::PreferredMany(m) => {
-                let mut v: Vec<u32> = near(local).into_iter().filter(|n| m.contains(*n)).collect();
-                v.extend(near(local).into_iter().filter(|n| !m.contains(*n)));
-                (v, false)
-            }
-            Policy::Bind(m) => (near(local).into_iter().filter(|n| m.contains(*n)).collect(), false),
             Policy::Interleave(m) => {
                 let w = u64::from(m.weight());
                 match m.nth(ilx % w.max(1)) {
@@ -110,6 +107,11 @@ impl Choice {
                     Some(n) => (near(n), true),
                     None => (near(local), false),
                 }
+            }
+            p => {
+                let mut v = Vec::new();
+                nodes.order_into(p, local, &mut v);
+                (v, false)
             }
         };
         Choice { order, interleaved }
@@ -301,6 +303,24 @@ impl Nodes {
     /// The index of node `id`'s pool.
     pub(crate) fn pool_of(&self, id: u32) -> Option<usize> {
         self.pool_of.get(id as usize).copied().flatten()
+    }
+
+    /// The nodes to try for `policy` (an interleave's are per page: [`interleave_node`], then
+    /// [`Nodes::near`] of that node) for a thread on node `local`, into `out`, in the kernel's
+    /// order: the nearest node first, ties by id. No allocation once `out` has room for every
+    /// node (the handler's buffer, on its serving path).
+    pub(crate) fn order_into(&self, policy: Policy, local: u32, out: &mut Vec<u32>) {
+        out.clear();
+        let near = self.near(local);
+        match policy {
+            Policy::Local | Policy::Interleave(_) => out.extend_from_slice(near),
+            Policy::Preferred(n) => out.extend_from_slice(self.near(n)),
+            Policy::PreferredMany(m) => {
+                out.extend(near.iter().filter(|n| m.contains(**n)));
+                out.extend(near.iter().filter(|n| !m.contains(**n)));
+            }
+            Policy::Bind(m) => out.extend(near.iter().filter(|n| m.contains(**n))),
+        }
     }
 
     /// The nodes with memory nearest to `id` first (empty for an unknown id).

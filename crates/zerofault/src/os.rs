@@ -11,8 +11,8 @@
 pub mod mman {
     pub use crate::page::{PAGE_SIZE, PMD_SIZE};
     pub use crate::sys::mman::{
-        anon_huge_bytes, madvise, map_aligned, map_private, mlock, munlock, protect, resident_pages, thp_always,
-        thp_available, unmap, Mapping, Thp,
+        address_limit, anon_huge_bytes, madvise, map_aligned, map_private, mlock, munlock, protect, resident_pages,
+        thp_always, thp_available, unmap, Mapping, Thp,
     };
     pub use libc::{MADV_DONTNEED, MADV_NOHUGEPAGE};
 }

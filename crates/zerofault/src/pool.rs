@@ -214,7 +214,16 @@ pub(crate) struct Ring {
     /// The node the ring is bound to (see [`Pool::node`]): each populate is checked to have
     /// landed there.
     node: Option<u32>,
+    /// When (monotonic ns, 0: never) a populate of this ring last found its node full, or was
+    /// refused for memory; cleared by one that lands on the node. Per ring: a node too
+    /// fragmented for a huge page on it may still have 4 KiB pages (see [`Ring::node_full`]).
+    full_at: std::sync::atomic::AtomicU64,
 }
+
+/// How long a ring's node counts as full after a populate found it so, unless a later one
+/// says otherwise: after that the handlers try the node again (their copies and huge pages go
+/// where the kernel puts them) and the scrub's next populate looks again.
+pub(crate) const NODE_FULL_TTL_NS: u64 = crate::nodes::ZAP_NS;
 
 /// Reserves a ring's area, clean or dirty: `bytes` rounded up to 2 MiB, 2 MiB aligned,
 /// `MADV_HUGEPAGE` when `huge` (else `MADV_NOHUGEPAGE`) and `MADV_DONTFORK` (a forked child has
@@ -247,7 +256,21 @@ impl Ring {
             index: RingIndex::new(pages(len), if huge { CHUNK_PAGES } else { 1 }),
             fill_lock: Mutex::new(()),
             node: None,
+            full_at: std::sync::atomic::AtomicU64::new(0),
         })
+    }
+
+    /// Whether this ring's node was found full within the last [`NODE_FULL_TTL_NS`].
+    pub(crate) fn node_full(&self) -> bool {
+        use crate::nodes::Clock;
+        let at = self.full_at.load(Acquire);
+        at != 0 && crate::nodes::Monotonic.now_ns().saturating_sub(at) < NODE_FULL_TTL_NS
+    }
+
+    /// Records that a populate found the node full (or had no memory).
+    pub(crate) fn mark_node_full(&self) {
+        use crate::nodes::Clock;
+        self.full_at.store(crate::nodes::Monotonic.now_ns().max(1), Release);
     }
 
     /// Binds the ring's area to `node` (preferred: where the node is full, the kernel takes
@@ -322,15 +345,24 @@ impl Ring {
             if let Some(node) = node {
                 let ends = [addr, addr + bytes(n - 1)];
                 let mut on = [-1i32; 2];
-                let _ = crate::sys::numa::nodes_of(&ends, &mut on);
-                if on.iter().any(|&o| u32::try_from(o) != Ok(node)) {
+                // A query that fails says nothing (the chunk stays): only pages seen on another
+                // node, or not there at all, mean the node is full.
+                if crate::sys::numa::nodes_of(&ends, &mut on).is_ok()
+                    && on.iter().any(|&o| u32::try_from(o) != Ok(node))
+                {
                     // SAFETY: free slots of the ring, not published: nobody takes them.
                     let _ = unsafe { mman::madvise(addr, bytes(n), mman::MADV_DONTNEED) };
                     return Err(node_full());
                 }
             }
             Ok(n)
-        })?;
+        });
+        match &n {
+            Ok(k) if *k > 0 => self.full_at.store(0, Release),
+            Err(e) if e.kind() == io::ErrorKind::OutOfMemory => self.mark_node_full(),
+            _ => {}
+        }
+        let n = n?;
         if n > 0 {
             Stats::add(&stats.pool_refills, 1);
             Stats::add(&stats.pool_pages_filled, n);
@@ -458,10 +490,6 @@ pub(crate) struct Pool {
     pub node: Option<u32>,
     /// How the handlers and the engine wake this pool's scrub thread.
     pub(crate) scrub: crate::scrub::ScrubCtl,
-    /// The last populate found the node full ([`Ring::fill_step`]): an empty ring here means
-    /// the kernel itself would go to the next node (the handlers fall back to the next node's
-    /// pool, seed 001). Cleared by the next populate that lands on the node.
-    pub(crate) low: std::sync::atomic::AtomicBool,
     pub(crate) counts: NodeCounts,
     pub small: Ring,
     pub huge: Option<Ring>,
@@ -517,7 +545,6 @@ impl Pool {
         Ok(Pool {
             node,
             scrub: crate::scrub::ScrubCtl::default(),
-            low: std::sync::atomic::AtomicBool::new(false),
             counts: NodeCounts::default(),
             dirty_small: recycle.then(|| dirty(&small_ring)).transpose()?,
             dirty_huge: huge_ring.as_ref().filter(|_| recycle).map(dirty).transpose()?,
@@ -689,28 +716,30 @@ impl Pool {
             return Ok(0);
         }
         let Some(huge) = &self.huge else {
-            return self.note_fill(self.small.fill_step(max_pages, stats));
+            return self.small.fill_step(max_pages, stats);
         };
         let (first, second) = if self.fullness(&self.small) <= self.fullness(huge) {
             (&self.small, huge)
         } else {
             (huge, &self.small)
         };
-        let r = match first.fill_step(max_pages, stats) {
+        match first.fill_step(max_pages, stats) {
             Ok(0) => second.fill_step(max_pages, stats),
+            // A node found full for one ring (no huge page there, say) may have pages for the
+            // other.
+            Err(e) if self.node.is_some() && e.kind() == io::ErrorKind::OutOfMemory => {
+                match second.fill_step(max_pages, stats) {
+                    Ok(n) if n > 0 => Ok(n),
+                    _ => Err(e),
+                }
+            }
             r => r,
-        };
-        self.note_fill(r)
+        }
     }
 
-    /// Keeps [`Pool::low`] by a fill step's outcome.
-    fn note_fill(&self, r: io::Result<u64>) -> io::Result<u64> {
-        match &r {
-            Ok(n) if *n > 0 => self.low.store(false, Release),
-            Err(e) if e.kind() == io::ErrorKind::OutOfMemory => self.low.store(true, Release),
-            _ => {}
-        }
-        r
+    /// Whether either ring's node was found full lately ([`Ring::node_full`]).
+    pub(crate) fn node_full(&self) -> bool {
+        self.small.node_full() || self.huge.as_ref().is_some_and(Ring::node_full)
     }
 
     /// Populates until `target` pages are ready in all (capped at capacity), on the calling

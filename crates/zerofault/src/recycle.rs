@@ -301,7 +301,10 @@ impl Shared {
         Stats::add(&stats.huge_recycled, done.huge_pages / PMD_PAGES);
         Stats::add(&stats.recycle_discarded, done.discarded);
         if done.pages > 0 {
-            self.kick_scrubs();
+            // The scrubs of the pools that got pages.
+            for p in self.pools.iter().filter(|p| p.dirty() > 0) {
+                p.scrub.kick();
+            }
         }
         // SAFETY: the caller asked for the range to be discarded; what was moved out is a hole
         // already, and the rest goes as MADV_DONTNEED would take it.
@@ -415,8 +418,18 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
         runs.clear();
         range.map.claimed_runs(first, n, &mut runs);
         for &(p0, np) in &runs {
+            if !homes.per_node {
+                // One pool: the whole run at once.
+                let mut stretch = Stretch {
+                    home: homes.of_node(0),
+                    closed: &mut small_closed,
+                    busy: &mut busy,
+                };
+                stretch.put(range, p0, np, &mut mv, &mut done);
+                continue;
+            }
             let mut q = 0;
-            while q < np {
+            'run: while q < np {
                 // The nodes of the next pages of the run, then each stretch on one node.
                 let k = usize::try_from(np - q).map_or(NODE_QUERY, |r| r.min(NODE_QUERY));
                 let mut addrs = [0usize; NODE_QUERY];
@@ -443,7 +456,11 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
                         closed: &mut small_closed,
                         busy: &mut busy,
                     };
-                    stretch.put(range, start, len as u64, &mut mv, &mut done);
+                    if !stretch.put(range, start, len as u64, &mut mv, &mut done) {
+                        // Events kept coming: the rest of the run goes with the discard too.
+                        done.discarded += np - (q + (i + len) as u64);
+                        break 'run;
+                    }
                     i += len;
                 }
                 q += k as u64;
@@ -469,7 +486,8 @@ struct Stretch<'s, 'a> {
 
 impl Stretch<'_, '_> {
     /// Moves pages `[p0, p0 + np)` of `range` into the ring while it takes them; the rest is
-    /// counted discarded (it goes with the caller's `MADV_DONTNEED`).
+    /// counted discarded (it goes with the caller's `MADV_DONTNEED`). False when events kept
+    /// coming (EAGAIN after the wait): the caller gives up the rest of its run too.
     fn put(
         &mut self,
         range: &Range,
@@ -477,19 +495,19 @@ impl Stretch<'_, '_> {
         np: u64,
         mv: &mut dyn FnMut(usize, usize, usize) -> Progress,
         done: &mut Recycled,
-    ) {
+    ) -> bool {
         let bit = |ix: usize| crate::fault::tried_bit(ix);
         let mut off = 0;
         while off < np {
-            let Some((ix, pool, ring)) = self
+            let Some((ix, room, ring)) = self
                 .home
-                .and_then(|(ix, pool)| Some((ix, pool, pool.dirty_small.as_ref()?)))
-                .filter(|&(ix, pool, _)| *self.closed & bit(ix) == 0 && pool.room() > 0)
+                .and_then(|(ix, pool)| Some((ix, pool.room(), pool.dirty_small.as_ref()?)))
+                .filter(|&(ix, room, _)| *self.closed & bit(ix) == 0 && room > 0)
             else {
                 done.discarded += np - off;
-                return;
+                return true;
             };
-            let p = ring.put(range.addr_of(p0 + off), (np - off).min(pool.room()), mv);
+            let p = ring.put(range.addr_of(p0 + off), (np - off).min(room), mv);
             done.pages += p.moved;
             off += p.consumed;
             match p.refused {
@@ -502,13 +520,14 @@ impl Stretch<'_, '_> {
                 // Events kept coming (mmap_changing): this run goes with the discard.
                 Some(Errno(libc::EAGAIN)) => {
                     done.discarded += np - off;
-                    return;
+                    return false;
                 }
                 Some(_) => *self.closed |= bit(ix),
                 None if p.full => *self.closed |= bit(ix),
                 None => {}
             }
         }
+        true
     }
 }
 

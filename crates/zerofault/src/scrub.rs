@@ -98,7 +98,7 @@ impl Zeroer {
     pub(crate) fn new(knob: Option<ZeroMethod>, llc: usize, stats: &Stats) -> Zeroer {
         let trials = match knob {
             Some(m) => {
-                Stats::add(&stats.zero_method, code(m));
+                set_once(&stats.zero_method, code(m));
                 vec![]
             }
             None => ZeroMethod::ALL
@@ -141,7 +141,7 @@ impl Zeroer {
         for t in &self.trials {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "MB/s, small")]
             let v = mbps(t) as u64;
-            Stats::add(
+            set_once(
                 match t.0 {
                     ZeroMethod::Kernel => &stats.zero_mbps_kernel,
                     ZeroMethod::Stosb => &stats.zero_mbps_stosb,
@@ -157,7 +157,7 @@ impl Zeroer {
             .iter()
             .max_by(|a, b| mbps(a).total_cmp(&mbps(b)))
             .map_or(ZeroMethod::Stosb, |t| t.0);
-        Stats::add(&stats.zero_method, code(best));
+        set_once(&stats.zero_method, code(best));
         self.chosen = Some(best);
     }
 
@@ -165,6 +165,12 @@ impl Zeroer {
     pub(crate) fn is_hot(&self, age: Duration, backlog: usize) -> bool {
         age < HOT && backlog <= self.llc
     }
+}
+
+/// Records a measurement or a choice that is one figure, not a sum: the first scrub thread to
+/// make it sets it (with a pool per node, each node's scrub measures and chooses alike).
+fn set_once(counter: &std::sync::atomic::AtomicU64, v: u64) {
+    let _ = counter.compare_exchange(0, v, Relaxed, Relaxed);
 }
 
 /// The `zero_method` counter's code of a method.
@@ -405,6 +411,9 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pools.get(ix) else { return };
     if let (Some(n), Some(node)) = (&shared.numa, pool.node) {
+        // Pages this thread makes the kernel allocate outside the bound rings (the `kernel`
+        // zeroing method's populate in a dirty ring) come from its node too.
+        let _ = crate::sys::numa::prefer(Some(node));
         if let Some(i) = n.topology.index(node).filter(|&i| !n.topology.nodes[i].cpus.is_empty()) {
             let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
         }

@@ -174,7 +174,11 @@ impl<K: Kernel> Handler<'_, K> {
             let Some(src) = self.pool_for(RingKind::Huge, at, tried) else {
                 break;
             };
-            let ring = src.pool.huge.as_ref().expect("huge pages imply a huge ring");
+            let ring = src
+                .pool
+                .huge
+                .as_ref()
+                .expect("pool_for gives a pool with pages in the ring");
             let n = if per_pmd { PMD_SIZE } else { len - off };
             let (filled, clean) = self.fill_move(ring, at, n);
             let moved = match filled {
@@ -186,8 +190,13 @@ impl<K: Kernel> Handler<'_, K> {
                     tried |= tried_bit(src.ix);
                     at
                 }
-                Ok(()) => return self.huge_fallback(dst, len, off + n, range),
-                Err(s) => return self.huge_fallback(dst, len, off + s.at, range),
+                // The PMDs moved in whole before `off` keep no table.
+                Ok(()) => return self.huge_fallback(at, len - off, n, range).map_err(|s| s.offset(off)),
+                Err(s) => {
+                    return self
+                        .huge_fallback(at, len - off, s.at, range)
+                        .map_err(|s| s.offset(off))
+                }
             };
             self.count_taken(&src, pages(moved));
             Stats::add(&self.stats().huge_moves, (moved / PMD_SIZE) as u64);

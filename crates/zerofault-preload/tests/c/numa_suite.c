@@ -142,7 +142,6 @@ static void *local_thread(void *arg) {
 }
 
 static void step_local(void) {
-    step_begin();
     /* The warm-up: a sequential writer starts the scrub threads, which fill the pools meanwhile. */
     size_t warm = 32 << 20;
     unsigned char *w = malloc(warm);
@@ -150,6 +149,7 @@ static void step_local(void) {
     touch(w, warm);
     sleep(1);
     free(w);
+    step_begin();
     int cpus = (int)sysconf(_SC_NPROCESSORS_ONLN);
     pthread_t t[64];
     for (long c = 0; c < cpus && c < 64; c++) pthread_create(&t[c], NULL, local_thread, (void *)c);
@@ -234,7 +234,8 @@ static void step_full(void) {
     char c;
     if (read(ready[0], &c, 1) != 1) { fprintf(stderr, "the child filling node 0 failed\n"); exit(1); }
     printf("full node0_free_kb=%ld\n", node_free_kb(0));
-    /* The scrub looks at its node's memory twice a second (purge_delay / 2). */
+    /* Node 0's pool still holds pages made before: the writes below take them first, then
+     * find its rings empty; the scrub's next populate on node 0 finds the node full. */
     usleep(1200 * 1000);
     step_begin();
     size_t len = 128 << 20, pages = len >> 12;

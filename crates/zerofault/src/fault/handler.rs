@@ -5,7 +5,7 @@ use super::{Kernel, BATCH};
 use crate::nodes::{Avail, RingKind};
 use crate::options::{AheadMode, Options};
 use crate::page::{pages, PAGE_SIZE};
-use crate::pool::Pool;
+use crate::pool::{Pool, Ring};
 use crate::predict::Tuning;
 use crate::stats::{nanos, Stats};
 use crate::sys::mman::Mapping;
@@ -227,6 +227,9 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// The interleave policy's nodes, when the fault being served is under one: each page (or
     /// huge page) has its own first node.
     pub(crate) interleave: Option<crate::sys::numa::NodeMask>,
+    /// With several nodes, the pool of the node the fault being served wants first (under
+    /// interleave, its huge page's node); `None`: the first pool.
+    pub(crate) home: Option<usize>,
     /// Several nodes, and the handler started with the default policy. Handler threads inherit
     /// the policy of the program thread that started the engine (`numactl --membind`, say),
     /// which the kernel then applies to their copies as it would to the program's own faults:
@@ -287,8 +290,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
             mapping_events: 0,
             index,
             preferred: None,
-            order: Vec::new(),
+            order: Vec::with_capacity(shared.numa.as_ref().map_or(0, |n| n.topology.nodes.len())),
             interleave: None,
+            home: None,
             may_steer: shared.numa.is_some()
                 && crate::sys::numa::thread_policy().map(|p| p.0) == Ok(crate::sys::numa::MPOL_DEFAULT),
             thread_nodes: [None; THREAD_NODES],
@@ -402,27 +406,19 @@ impl<'a, K: Kernel> Handler<'a, K> {
             Ok((crate::sys::numa::MPOL_DEFAULT, _)) | Err(_) => n.policy,
             Ok((mode, mask)) => crate::nodes::Policy::from_mode(mode, mask).unwrap_or(n.policy),
         };
-        self.order.clear();
+        n.order_into(policy, local, &mut self.order);
         self.interleave = None;
         let first = match policy {
-            crate::nodes::Policy::Local => {
-                self.order.extend_from_slice(n.near(local));
-                self.order.first().copied()
-            }
             crate::nodes::Policy::Interleave(m) if !m.is_empty() => {
                 self.interleave = Some(m);
                 crate::nodes::interleave_node(&m, addr, 9)
             }
-            p => {
-                self.order = crate::nodes::Choice::of(&n.topology, p, local, 0).order;
-                self.order.first().copied()
-            }
+            _ => self.order.first().copied(),
         };
-        if !self.prefer_node(first) {
-            // A node the kernel refuses (no memory, outside the cpuset): not asked again for
-            // this thread until its entry expires.
-            self.thread_nodes[tid as usize % THREAD_NODES] = Some((tid, self.preferred, now));
-        }
+        self.home = first.and_then(|f| n.pool_of(f));
+        // A node the kernel refuses (outside the cpuset): the handler keeps its policy, and
+        // asks again on the next fault.
+        let _ = self.prefer_node(first);
     }
 
     /// Makes `node` this handler thread's preferred node (where it may steer); false when the
@@ -488,7 +484,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
             };
             if tried & tried_bit(p.0) == 0 && ring.is_some_and(|r| r.available() > 0) {
                 Avail::Pages
-            } else if p.1.low.load(Relaxed) {
+            } else if ring.is_some_and(Ring::node_full) {
                 Avail::Full
             } else {
                 Avail::Empty
@@ -510,10 +506,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// scrub is asked to refill, and whose level says how far a window ahead may reach.
     pub(crate) fn home_pool(&self) -> Option<&'a Pool> {
         let shared: &'a Shared = self.shared;
-        match (&shared.numa, self.order.first(), self.interleave) {
-            (Some(n), Some(&first), None) => n.pool_of(first).and_then(|i| shared.pools.get(i)),
-            _ => shared.pools.first(),
-        }
+        self.home
+            .and_then(|i| shared.pools.get(i))
+            .or_else(|| shared.pools.first())
     }
 
     /// Counts `pages` taken from `src` (several nodes only), as the kernel counts a node's

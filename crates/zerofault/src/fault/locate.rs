@@ -63,12 +63,12 @@ impl<K: Kernel> Handler<'_, K> {
                 self.opts.panic_after
             );
         }
+        self.choose_nodes(tid, page_addr);
         let Some(range) = self.shared.ranges.find(page_addr) else {
             Stats::add(&stats.unknown_faults, 1);
             self.install_one(page_addr, write);
             return;
         };
-        self.choose_nodes(tid, page_addr);
         if let Some(w) = self.locate(&range, page_addr, write, tid) {
             self.installing(Some((range.id, w.first, w.end)));
             let cut = self.install_window(&range, page_addr, w);

@@ -636,7 +636,7 @@ fn with_two_nodes_a_fault_takes_its_nodes_pool_and_the_next_only_when_its_node_i
     assert_eq!(p1.small.available(), 256);
     // Node 0 full (its last populate got another node's pages): node 1's pool, a miss for
     // node 1 and a foreign page for node 0, node 0 marked.
-    p0.low.store(true, Relaxed);
+    p0.small.mark_node_full();
     h.fault(page(20_000), true, NO_SUCH_THREAD);
     let st2 = s.stats.snapshot();
     let w = 256 - p1.small.available();
@@ -656,7 +656,7 @@ fn with_two_nodes_a_fault_takes_its_nodes_pool_and_the_next_only_when_its_node_i
     assert_eq!(p0.small.available(), before, "node 0 skipped");
     // Node 1 empty and full too: copies, node 1 marked.
     let _ = p1.small.take(p1.small.available());
-    p1.low.store(true, Relaxed);
+    p1.small.mark_node_full();
     h.fault(page(40_000), true, NO_SUCH_THREAD);
     let st4 = s.stats.snapshot();
     assert!(st4.pages_copied > st3.pages_copied);

@@ -188,6 +188,30 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Resul
     Ok(())
 }
 
+/// The process's address-space or data-size limit (the lower soft limit of `RLIMIT_AS` and
+/// `RLIMIT_DATA`), `None` where both are unlimited. A raw `prlimit64`: no allocation.
+pub fn address_limit() -> Option<usize> {
+    let soft = |res: u32| {
+        let mut l = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        // SAFETY: prlimit64(0, res, NULL, &l) reads our own limit into `l`.
+        let r = unsafe {
+            raw::call(
+                libc::SYS_prlimit64,
+                [0, res as usize, 0, &mut l as *mut libc::rlimit as usize, 0, 0],
+            )
+        };
+        r.ok().map(|_| l.rlim_cur).filter(|c| *c != libc::RLIM_INFINITY)
+    };
+    let (a, d) = (soft(libc::RLIMIT_AS), soft(libc::RLIMIT_DATA));
+    a.into_iter()
+        .chain(d)
+        .min()
+        .map(|l| usize::try_from(l).unwrap_or(usize::MAX))
+}
+
 /// Allocates and zero-fills every page of the range now, writable (`MADV_POPULATE_WRITE`).
 /// The range must not be registered with a userfaultfd, or this would fault into ourselves.
 pub(crate) fn populate_write(addr: usize, len: usize) -> io::Result<()> {

@@ -333,9 +333,11 @@ pub(crate) fn mems_allowed() -> Result<NodeMask, Errno> {
 
 /// Lets the calling thread run only on those of `cpus` it may run on now
 /// (`sched_setaffinity` over the intersection with its `sched_getaffinity` mask, so that a
-/// `taskset` or cpuset around the process still holds; ids at or above 4096 are left out).
-/// `EINVAL` when none is left. For a node's scrub thread, which then populates and zeroes on
-/// that node's CPUs.
+/// `taskset` around the process still holds; ids at or above 4096 are left out). When none of
+/// them is in its mask (it inherited one CPU, from a pinned program thread that started the
+/// engine), on `cpus` as they are: the kernel still keeps it inside its cpuset, and refuses
+/// (`EINVAL`) when none of them is there. For a node's scrub thread, which then populates and
+/// zeroes on that node's CPUs.
 pub(crate) fn bind_to_cpus(cpus: &[u32]) -> Result<(), Errno> {
     let mut now = [0u64; 64];
     // SAFETY: the kernel writes at most `size_of_val(&now)` bytes into `now`.
@@ -351,11 +353,12 @@ pub(crate) fn bind_to_cpus(cpus: &[u32]) -> Result<(), Errno> {
             *w |= 1 << (c % 64);
         }
     }
-    for (m, n) in mask.iter_mut().zip(now) {
-        *m &= n;
+    let mut inside = [0u64; 64];
+    for ((i, m), n) in inside.iter_mut().zip(mask).zip(now) {
+        *i = m & n;
     }
-    if mask.iter().all(|w| *w == 0) {
-        return Err(Errno(libc::EINVAL));
+    if inside.iter().any(|w| *w != 0) {
+        mask = inside;
     }
     // SAFETY: the kernel reads `size_of_val(&mask)` bytes of `mask`; tid 0 is the caller.
     unsafe {
@@ -600,17 +603,20 @@ pub(crate) mod tests {
             Some(7 * 1024)
         );
         assert!(mems_allowed().unwrap().contains(node), "the page's node is allowed");
-        // A thread bound to one CPU runs there; one kept off a CPU is not moved onto it.
+        // A thread bound to one CPU runs there; binding to a set that holds it and one it may
+        // not run on keeps it on its own; a CPU that does not exist is refused.
         let cpu = t.nodes[0].cpus[0];
-        let (on, widened) = std::thread::spawn(move || {
+        let (on, kept, refused) = std::thread::spawn(move || {
             bind_to_cpus(&[cpu]).unwrap();
             // SAFETY: sched_getcpu reads the calling thread's CPU.
             let on = unsafe { libc::sched_getcpu() };
-            (on, bind_to_cpus(&[cpu + 1]))
+            bind_to_cpus(&[cpu, cpu + 1]).unwrap();
+            (on, crate::sys::thread::allowed_cpus(), bind_to_cpus(&[4000]))
         })
         .join()
         .unwrap();
         assert_eq!(on, cpu as i32);
-        assert_eq!(widened, Err(Errno(libc::EINVAL)), "not beyond the thread's own mask");
+        assert_eq!(kept, 1, "not widened beyond the thread's own mask");
+        assert_eq!(refused, Err(Errno(libc::EINVAL)));
     }
 }
