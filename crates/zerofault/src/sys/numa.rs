@@ -225,13 +225,12 @@ const MPOL_MODE_FLAGS: i32 = (1 << 15) | (1 << 14) | (1 << 13);
 const MPOL_F_ADDR: usize = 1 << 1;
 const MPOL_F_MEMS_ALLOWED: usize = 1 << 2;
 
-/// The memory policy of the mapping holding `addr`: its mode (flags masked off) and node
-/// mask. `MPOL_DEFAULT` means the mapping has none of its own (the faulting thread's policy
-/// applies, which only that thread can read).
-pub(crate) fn policy_of(addr: usize) -> Result<(i32, NodeMask), Errno> {
+/// `get_mempolicy(mode, mask, MAX_NODES, addr, flags)`: the mode (flags masked off) and mask.
+fn get_mempolicy(addr: usize, flags: usize) -> Result<(i32, NodeMask), Errno> {
     let mut mode: i32 = 0;
     let mut mask = NodeMask::default();
-    // SAFETY: `mode` and `mask` are valid for writes; maxnode is the mask's size in bits.
+    // SAFETY: `mode` and `mask` are valid for writes; maxnode is the mask's size in bits; with
+    // an address, the kernel only looks the mapping up.
     unsafe {
         raw::call(
             libc::SYS_get_mempolicy,
@@ -240,12 +239,19 @@ pub(crate) fn policy_of(addr: usize) -> Result<(i32, NodeMask), Errno> {
                 mask.0.as_mut_ptr() as usize,
                 MAX_NODES,
                 addr,
-                MPOL_F_ADDR,
+                flags,
                 0,
             ],
         )
     }?;
     Ok((mode & !MPOL_MODE_FLAGS, mask))
+}
+
+/// The memory policy of the mapping holding `addr`: its mode (flags masked off) and node
+/// mask. `MPOL_DEFAULT` means the mapping has none of its own (the faulting thread's policy
+/// applies, which only that thread can read).
+pub(crate) fn policy_of(addr: usize) -> Result<(i32, NodeMask), Errno> {
+    get_mempolicy(addr, MPOL_F_ADDR)
 }
 
 /// Binds `[addr, addr + len)` to `mode` over `nodes` (`mbind(2)` with no flags: pages already
@@ -290,45 +296,13 @@ pub(crate) fn nodes_of(pages: &[usize], out: &mut [i32]) -> Result<(), Errno> {
 /// The calling thread's own memory policy (`get_mempolicy` without an address): its mode
 /// (flags masked off) and node mask.
 pub(crate) fn thread_policy() -> Result<(i32, NodeMask), Errno> {
-    let mut mode: i32 = 0;
-    let mut mask = NodeMask::default();
-    // SAFETY: `mode` and `mask` are valid for writes; maxnode is the mask's size in bits.
-    unsafe {
-        raw::call(
-            libc::SYS_get_mempolicy,
-            [
-                &mut mode as *mut i32 as usize,
-                mask.0.as_mut_ptr() as usize,
-                MAX_NODES,
-                0,
-                0,
-                0,
-            ],
-        )
-    }?;
-    Ok((mode & !MPOL_MODE_FLAGS, mask))
+    get_mempolicy(0, 0)
 }
 
 /// The nodes this process may allocate from (`get_mempolicy(MPOL_F_MEMS_ALLOWED)`: its
 /// cpuset's memory nodes).
 pub(crate) fn mems_allowed() -> Result<NodeMask, Errno> {
-    let mut mode: i32 = 0;
-    let mut mask = NodeMask::default();
-    // SAFETY: `mode` and `mask` are valid for writes; maxnode is the mask's size in bits.
-    unsafe {
-        raw::call(
-            libc::SYS_get_mempolicy,
-            [
-                &mut mode as *mut i32 as usize,
-                mask.0.as_mut_ptr() as usize,
-                MAX_NODES,
-                0,
-                MPOL_F_MEMS_ALLOWED,
-                0,
-            ],
-        )
-    }?;
-    Ok(mask)
+    get_mempolicy(0, MPOL_F_MEMS_ALLOWED).map(|(_, mask)| mask)
 }
 
 /// Lets the calling thread run only on those of `cpus` it may run on now
