@@ -16,6 +16,10 @@
 //! The small ring is a quarter of `pool_max` ([`small_bytes`]); the huge ring has the rest.
 //! Watermarks count both; the scrub fills whichever ring is emptier for its size.
 //!
+//! Where several NUMA nodes have memory there is one pool per node ([`Pool::node`]), its rings
+//! bound to it and every populate checked to have landed there ([`Ring::fill_step`]); see
+//! `nodes.rs` for which pool a fault takes from.
+//!
 //! ## A ring
 //! Two monotonic counters index it, in pages:
 //! - `tail`: pages populated so far. Only the producer (the scrub thread, or a prefill, one at a
