@@ -222,7 +222,8 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// first node of the last fault's choice (see [`Handler::choose_nodes`]).
     pub(crate) preferred: Option<u32>,
     /// With several nodes, the nodes the fault being served takes pool pages from, in order
-    /// (its policy's [`crate::nodes::Choice`]); empty under an interleave policy.
+    /// ([`crate::nodes::Nodes::order_into`]); under an interleave policy each page's own order
+    /// is taken instead (`Handler::order_for`).
     pub(crate) order: Vec<u32>,
     /// The interleave policy's nodes, when the fault being served is under one: each page (or
     /// huge page) has its own first node.
@@ -416,26 +417,21 @@ impl<'a, K: Kernel> Handler<'a, K> {
             _ => self.order.first().copied(),
         };
         self.home = first.and_then(|f| n.pool_of(f));
-        // A node the kernel refuses (outside the cpuset): the handler keeps its policy, and
-        // asks again on the next fault.
-        let _ = self.prefer_node(first);
+        self.prefer_node(first);
     }
 
-    /// Makes `node` this handler thread's preferred node (where it may steer); false when the
-    /// kernel refused it.
-    pub(crate) fn prefer_node(&mut self, node: Option<u32>) -> bool {
+    /// Makes `node` this handler thread's preferred node, where it may steer. A node the
+    /// kernel refuses (outside the cpuset) leaves the policy as it was; it is asked again on
+    /// the next fault that wants it.
+    pub(crate) fn prefer_node(&mut self, node: Option<u32>) {
         if !self.may_steer || node == self.preferred {
-            return true;
+            return;
         }
-        match crate::sys::numa::prefer(node) {
-            Ok(()) => {
-                self.preferred = node;
-                if node.is_some() {
-                    Stats::add(&self.stats().numa_steers, 1);
-                }
-                true
+        if crate::sys::numa::prefer(node).is_ok() {
+            self.preferred = node;
+            if node.is_some() {
+                Stats::add(&self.stats().numa_steers, 1);
             }
-            Err(_) => false,
         }
     }
 
