@@ -281,7 +281,8 @@ pub struct NodePool {
     pub foreign: u64,
     /// Of the hits, pages an interleave policy sent here.
     pub interleave_hit: u64,
-    /// The node was short of memory at its scrub's last look: its pool is not filled.
+    /// A populate of this pool found the node full within the last second (either ring): the
+    /// faults that want this node take the next node's pool when its ring is empty.
     pub low: bool,
 }
 
