@@ -341,7 +341,7 @@ impl Ring {
     /// to a node asks where the chunk's first and last pages went (`move_pages`, one call):
     /// pages the kernel took from another node mean the node is full (its fast path found the
     /// node below its watermark and fell back, seed 001's full zone), and the chunk is
-    /// discarded unpublished, an `OutOfMemory` error (see [`node_full`]).
+    /// discarded unpublished, an `OutOfMemory` error (see [`node_full_error`]).
     pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
         let node = self.node;
         let n = self.fill_with(max_pages, |addr, n| {
@@ -356,7 +356,7 @@ impl Ring {
                 {
                     // SAFETY: free slots of the ring, not published: nobody takes them.
                     let _ = unsafe { mman::madvise(addr, bytes(n), mman::MADV_DONTNEED) };
-                    return Err(node_full());
+                    return Err(node_full_error());
                 }
             }
             Ok(n)
@@ -449,7 +449,7 @@ impl Drop for Ring {
 
 /// The error of a populate that found its node full (see [`Ring::fill_step`]); a populate
 /// refused for memory (`ENOMEM`) is the same kind: no page to be had there.
-pub(crate) fn node_full() -> io::Error {
+pub(crate) fn node_full_error() -> io::Error {
     io::Error::new(io::ErrorKind::OutOfMemory, "the pool's node is full")
 }
 
