@@ -850,20 +850,41 @@ fn several_handlers_serve_writers_discards_and_unmaps_and_stop() {
 /// fails open (the others leave, the descriptor closes), every thread finishes, and no data is
 /// lost. Then with one writing thread, whose fault the panicking handler took: the others sit
 /// idle in poll with no fault to wake them, and must still leave.
+///
+/// That the others served before the panic is up to the scheduler: on a loaded machine the
+/// first handler can read its 40th fault before the others were first woken (CI saw it once:
+/// 40 faults, all on the first). Every run must fail open and lose nothing; the four-writer run
+/// is repeated, up to five times, until one of them also had the others serving.
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn one_of_four_handlers_panicking_fails_open_and_the_program_finishes() {
     const NAME: &str = "one_of_four_handlers_panicking_fails_open_and_the_program_finishes";
     const WRITERS: &str = "ZEROFAULT_TEST_WRITERS";
     if std::env::var(CHILD).is_err() {
-        for writers in ["4", "1"] {
-            let env = [
-                ("ZEROFAULT_PANIC_AFTER", "40"),
-                ("ZEROFAULT_HANDLERS", "4"),
-                (WRITERS, writers),
-            ];
-            let out = run_child(NAME, &env, Duration::from_secs(60));
-            assert!(out.contains("CHILD-OK"), "{writers} writers: {out}");
+        for (writers, tries) in [("4", 5), ("1", 1)] {
+            let mut others = Vec::new();
+            for _ in 0..tries {
+                let env = [
+                    ("ZEROFAULT_PANIC_AFTER", "40"),
+                    ("ZEROFAULT_HANDLERS", "4"),
+                    (WRITERS, writers),
+                ];
+                let out = run_child(NAME, &env, Duration::from_secs(60));
+                let n: u64 = out
+                    .split_once("CHILD-OK others=")
+                    .and_then(|(_, rest)| rest.split_whitespace().next()?.parse().ok())
+                    .unwrap_or_else(|| panic!("{writers} writers: {out}"));
+                others.push(n);
+                if n > 0 {
+                    break;
+                }
+            }
+            if writers == "4" {
+                assert!(
+                    others.iter().any(|&n| n > 0),
+                    "in no run did the other handlers serve before the panic: {others:?}"
+                );
+            }
         }
         return;
     }
@@ -899,11 +920,10 @@ fn one_of_four_handlers_panicking_fails_open_and_the_program_finishes() {
     let s = e.stats();
     assert!(!e.is_active(), "the engine failed open: {}", s.to_text());
     assert_eq!(s.handler_panics, 1, "{}", s.to_text());
-    assert!(s.faults_on_other_handlers > 0, "the others served too: {}", s.to_text());
     let mut r2 = e.map(4 * MIB).unwrap();
     assert_eq!(touch_and_check(&mut r2, 0..1024), 0);
     drop(e);
-    println!("CHILD-OK");
+    println!("CHILD-OK others={}", s.faults_on_other_handlers);
 }
 
 /// One thread reads then writes each page of a MADV_HUGEPAGE mapping (as `thp.c` does) under
