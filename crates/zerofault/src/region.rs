@@ -416,14 +416,17 @@ impl Drop for Region {
         let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
         if self.owned {
             // Unregister first: after it, munmap raises no UNMAP event for our handler to wait
-            // on. Pieces the program unmapped itself are no longer in the table.
-            for r in &pieces {
-                if let Some(u) = uffd.as_ref() {
+            // on. Then the whole region goes, not only the pieces still in the table: a span
+            // handed back to the kernel (random access, a starved stream) left the table but
+            // is the region's memory all the same (it leaked before 2026-11-25).
+            if let Some(u) = uffd.as_ref() {
+                for r in &pieces {
                     let _ = u.unregister(r.start, r.end() - r.start);
                 }
-                // SAFETY: the engine mapped this Region (`owned`), and the Region is dropped.
-                let _ = unsafe { mman::unmap(r.start, r.end() - r.start) };
             }
+            // SAFETY: the engine mapped this Region (`owned`), which owns all of
+            // `[addr, addr + len)` until now, and the Region is dropped.
+            let _ = unsafe { mman::unmap(self.addr, self.len) };
         } else if let Some(u) = uffd.as_ref() {
             for r in &pieces {
                 let _ = u.unregister(r.start, r.end() - r.start);

@@ -977,3 +977,33 @@ fn several_handlers_keep_the_huge_pages_of_a_madv_hugepage_writer() {
     drop(e);
     println!("CHILD-OK huge {} MiB, waits {}", huge / MIB, s.faults_in_other_windows);
 }
+
+/// Whether any mapping of this process overlaps `[addr, addr + len)` (/proc/self/maps).
+fn mapped_at(addr: usize, len: usize) -> bool {
+    std::fs::read_to_string("/proc/self/maps").unwrap().lines().any(|l| {
+        let (a, b) = l.split_whitespace().next().unwrap().split_once('-').unwrap();
+        let (a, b) = (
+            usize::from_str_radix(a, 16).unwrap(),
+            usize::from_str_radix(b, 16).unwrap(),
+        );
+        a < addr + len && addr < b
+    })
+}
+
+/// A region handed back to the kernel (random access) is unmapped whole when dropped, as one
+/// the engine served to the end: the span handed back leaves the engine's table, not the
+/// region.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_region_handed_back_is_unmapped_whole_when_dropped() {
+    let e = engine_with(&[]);
+    let mut r = e.map(64 * MIB).unwrap();
+    let (addr, len) = (r.as_ptr() as usize, r.len());
+    assert_eq!(touch_and_check(&mut r, shuffled(64 * MIB / PAGE_SIZE, 5)), 0);
+    assert!(e.stats().handbacks >= 1, "{}", e.stats().to_text());
+    drop(r);
+    assert!(
+        !mapped_at(addr, len),
+        "the region's memory is still mapped after its drop"
+    );
+}
