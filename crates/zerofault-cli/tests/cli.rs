@@ -288,7 +288,13 @@ fn bench_loop_recycles_between_rounds_and_counts_every_round() {
     }
     let e = &rows[1]["engine_stats"];
     let recycled = e["pages_recycled"].as_u64().unwrap();
-    assert!(recycled >= 4 * 16384 * 9 / 10, "every round's pages recycled: {e}");
+    // Less the pages of a round lent to the kernel while starved (its first round, the pool
+    // empty, two threads on two CPUs): the kernel made those, and they go as natively.
+    let lent = e["pages_lent"].as_u64().unwrap();
+    assert!(
+        recycled + lent >= 4 * 16384 * 9 / 10,
+        "every round's pages recycled: {e}"
+    );
     assert!(
         e["pages_scrubbed"].as_u64().unwrap() + e["pages_purged"].as_u64().unwrap() >= recycled,
         "{e}"

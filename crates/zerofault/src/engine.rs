@@ -126,6 +126,8 @@ pub(crate) struct Shared {
     /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
     /// done at all). See `nodes.rs` and `Handler::choose_nodes`.
     pub(crate) numa: Option<crate::nodes::Nodes>,
+    /// Lending starved ranges to the kernel, and taking them back ([`crate::handback`]).
+    pub(crate) lending: crate::handback::Lending,
     /// The descriptor's number and identity, for a forked child to close its copy without the
     /// lock around it (see [`Engine::close_after_fork`]).
     pub(crate) uffd_identity: Option<FdIdentity>,
@@ -371,6 +373,8 @@ impl Engine {
             pools
         };
         let identity = uffd.identity();
+        // The engine's producers: its handlers and one scrub per pool.
+        let lend_at = opts.lend_at(handlers + pools.len(), sys::thread::allowed_cpus());
         let shared = Arc::new(Shared {
             stage,
             uffd: RwLock::new(Some(uffd)),
@@ -391,6 +395,7 @@ impl Engine {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             uffd_identity: Some(identity),
+            lending: crate::handback::Lending::new(lend_at),
             numa,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
@@ -439,6 +444,9 @@ impl Engine {
             // SAFETY: ours, and no Region was made for it.
             let _ = unsafe { mman::unmap(addr, len) };
             return Err(EngineError::Register(e));
+        }
+        if let Some(r) = self.shared.ranges.find(addr) {
+            r.own_advice.store(true, Relaxed);
         }
         Ok(Region {
             shared: self.shared.clone(),
@@ -886,6 +894,8 @@ impl Shared {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             uffd_identity: None,
+            // As on this project's machine: one handler and one scrub on two CPUs.
+            lending: crate::handback::Lending::new(opts.lend_at(2, 2)),
             numa: None,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),

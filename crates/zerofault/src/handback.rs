@@ -10,14 +10,34 @@
 //! range or more hand back the whole range at once, and so does a second hand-back from one
 //! range whose misses lie far apart (a sparse stride through a huge reservation). The
 //! measurements behind the thresholds are in docs/DESIGN.md.
+//!
+//! **Lending** (issue 12: never slower than the kernel). When the pool cannot keep up, every
+//! page of a stream is made while its thread waits, at about 1.6 times the CPU the kernel's
+//! own huge-page fault spends on it (a populate, a move, a round trip; docs/SCALING.md). With
+//! idle CPUs the engine still wins: its producers (the scrub, the handlers) make pages on
+//! them. With as many threads faulting as the producers' CPUs are worth, the kernel making a
+//! page on each faulting thread's CPU is faster, so the range being faulted is lent to it:
+//! unregistered whole ([`Handler::lend`]), where the kernel's fault takes huge pages (the
+//! program's advice, or an `Engine::map` region, advised `MADV_HUGEPAGE` for the loan). The
+//! signal ([`Lending::starved`]): the last [`STARVED_WINDOWS`] write windows of a PMD or more found the huge ring
+//! short of their pages, while at least `Options::lend_at` threads faulted within
+//! [`ACTIVE_WITHIN`]. The loan ends ([`Handler::retake`]) once the pool holds half of
+//! `scrub_stop` again and the loan has lasted [`RETAKE_AFTER`] (doubled for each loan of the
+//! same place, up to [`RETAKE_MAX`]): registered again if it is still anonymous private memory
+//! that nothing else registered meanwhile. Pages the kernel made stay; the engine serves the
+//! holes again, in 4 KiB windows (any PMD may hold a page table now).
 
 use crate::fault::{Handler, Kernel};
 use crate::page::{bytes, pages, PMD_PAGES};
 use crate::predict::Outcome;
 use crate::region::Range;
 use crate::stats::Stats;
-use std::sync::atomic::Ordering::Relaxed;
-use std::sync::Arc;
+use crate::sys::mman;
+use crate::Shared;
+use std::sync::atomic::Ordering::{AcqRel, Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Pages per miss above which a second hand-back from one range returns all of it.
 const SPARSE_PAGES_PER_MISS: u64 = 64 * PMD_PAGES;
@@ -71,6 +91,167 @@ pub(crate) fn handback_span(lo: u64, hi: u64, pages: u64, phase: u64) -> (u64, u
     )
 }
 
+/// Write windows of a PMD or more in a row that the huge ring could not fill, after which a
+/// range may be lent: 16-64 MiB streamed starved (a stream's first windows are small and
+/// count for nothing either way, so that threads starting together on an engine just started,
+/// its pool still empty, are not taken for starved ones).
+pub(crate) const STARVED_WINDOWS: u32 = 8;
+/// A thread counts as faulting for this long after its last fault (a cold window of 8 MiB
+/// takes 1.5-4 ms to make here).
+pub(crate) const ACTIVE_WITHIN: Duration = Duration::from_millis(10);
+/// The shortest loan; each later loan of the same place lasts twice as long as the last.
+pub(crate) const RETAKE_AFTER: Duration = Duration::from_millis(100);
+/// The longest loan before the engine looks again.
+pub(crate) const RETAKE_MAX: Duration = Duration::from_secs(10);
+/// Loans outstanding at once; a starved range finds no room beyond them and stays served.
+const LOANS: usize = 16;
+/// Slots of the recent-faulters table: distinct threads counted at most.
+const FAULTER_SLOTS: usize = 64;
+
+/// The threads that faulted recently: one slot per thread id (hashed, a few probes), holding
+/// when it last faulted. Lock-free and approximate: a thread whose slots are all taken by
+/// others goes uncounted, which errs towards serving, never towards lending.
+#[derive(Debug)]
+pub(crate) struct Faulters {
+    epoch: Instant,
+    tids: [AtomicU32; FAULTER_SLOTS],
+    /// Nanoseconds since `epoch`, plus one (0: never).
+    at: [AtomicU64; FAULTER_SLOTS],
+}
+
+impl Default for Faulters {
+    fn default() -> Faulters {
+        Faulters {
+            epoch: Instant::now(),
+            tids: std::array::from_fn(|_| AtomicU32::new(0)),
+            at: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+impl Faulters {
+    fn now(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// Thread `tid` faults now.
+    pub(crate) fn note(&self, tid: u32) {
+        self.note_at(tid, self.now());
+    }
+
+    fn note_at(&self, tid: u32, now: u64) {
+        let stale = now.saturating_sub(nanos(ACTIVE_WITHIN));
+        let home = (tid as usize).wrapping_mul(0x9E37_79B9) % FAULTER_SLOTS;
+        for probe in 0..4 {
+            let i = (home + probe) % FAULTER_SLOTS;
+            let (t, at) = (&self.tids[i], &self.at[i]);
+            if t.load(Relaxed) == tid {
+                at.store(now, Relaxed);
+                return;
+            }
+            let seen = at.load(Relaxed);
+            if seen <= stale && at.compare_exchange(seen, now, AcqRel, Relaxed).is_ok() {
+                t.store(tid, Relaxed);
+                return;
+            }
+        }
+    }
+
+    /// Distinct threads that faulted within [`ACTIVE_WITHIN`].
+    pub(crate) fn active(&self) -> usize {
+        self.active_at(self.now())
+    }
+
+    fn active_at(&self, now: u64) -> usize {
+        let since = now.saturating_sub(nanos(ACTIVE_WITHIN));
+        self.at.iter().filter(|a| a.load(Relaxed) > since).count()
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// A range lent to the kernel.
+#[derive(Clone, Copy, Debug)]
+struct Loan {
+    start: usize,
+    len: usize,
+    owner: Option<u64>,
+    own_advice: bool,
+    /// Earlier loans of this place (the duration doubles with each).
+    times: u32,
+    since: Instant,
+}
+
+impl Loan {
+    fn due(&self, now: Instant) -> bool {
+        now.duration_since(self.since) >= loan_length(self.times)
+    }
+}
+
+/// How long the `times`-th later loan of one place lasts at least.
+fn loan_length(times: u32) -> Duration {
+    RETAKE_AFTER.saturating_mul(1 << times.min(7)).min(RETAKE_MAX)
+}
+
+/// Lending's shared state (see the module doc).
+#[derive(Debug)]
+pub(crate) struct Lending {
+    pub(crate) faulters: Faulters,
+    /// Write windows in a row the huge ring could not fill.
+    starved: AtomicU32,
+    /// Threads faulting at once from which a starved range is lent; `None`: never.
+    at: Option<usize>,
+    loans: Mutex<Vec<Loan>>,
+    /// `loans.len()`, read without the lock.
+    outstanding: AtomicUsize,
+}
+
+impl Lending {
+    pub(crate) fn new(at: Option<usize>) -> Lending {
+        Lending {
+            faulters: Faulters::default(),
+            starved: AtomicU32::new(0),
+            at,
+            loans: Mutex::new(Vec::with_capacity(LOANS)),
+            outstanding: AtomicUsize::new(0),
+        }
+    }
+
+    /// A write window of `window` pages found `ready` pages in the huge ring: whether the
+    /// engine is starved now (the last [`STARVED_WINDOWS`] windows of a PMD or more were
+    /// short, with at least the lending threshold of threads faulting).
+    pub(crate) fn starved(&self, window: u64, ready: u64) -> bool {
+        let Some(at) = self.at else { return false };
+        if window < PMD_PAGES {
+            return false;
+        }
+        if ready >= window {
+            self.starved.store(0, Relaxed);
+            return false;
+        }
+        let n = self.starved.fetch_add(1, Relaxed).saturating_add(1);
+        n >= STARVED_WINDOWS && self.faulters.active() >= at
+    }
+
+    /// Whether any range is on loan.
+    pub(crate) fn any(&self) -> bool {
+        self.outstanding.load(Relaxed) > 0
+    }
+
+    fn loans(&self) -> std::sync::MutexGuard<'_, Vec<Loan>> {
+        self.loans.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The loans of Region `owner` end (it is dropped). Called under `Shared::reg`.
+    pub(crate) fn forget(&self, owner: u64) {
+        let mut loans = self.loans();
+        loans.retain(|l| l.owner != Some(owner));
+        self.outstanding.store(loans.len(), Relaxed);
+    }
+}
+
 impl<K: Kernel> Handler<'_, K> {
     /// Unregisters the span of `range` that misses `[lo, hi]` call for (see [`handback_span`]):
     /// the kernel serves it natively from now on.
@@ -105,6 +286,164 @@ impl<K: Kernel> Handler<'_, K> {
         Stats::add(&self.stats().pages_handed_back, end - first);
         Some((first, end))
     }
+
+    /// Lends `range` to the kernel, the engine being starved (see the module doc); true when
+    /// it went: the thread faulting at `page_addr`, woken, faults natively.
+    ///
+    /// Only where the kernel's own fault takes huge pages: the program advised them at the
+    /// fault (or THP is `always` there), or the advice is the engine's own (an `Engine::map`
+    /// region, advised `MADV_HUGEPAGE` for the loan). Elsewhere the kernel would fault 4 KiB
+    /// pages at ~1,500 ns each, slower than the engine starved (~800 ns a page).
+    ///
+    /// A range with an owner (a Region) is taken back later ([`Self::retake`]); one without
+    /// (the shim's, the program's own mappings) stays the kernel's, as after a hand-back:
+    /// without a Region's lifetime nothing tells whether its addresses still hold the same
+    /// mapping (a raw munmap raises no event once unregistered).
+    pub(crate) fn lend(&mut self, range: &Arc<Range>, page_addr: usize) -> bool {
+        let own_advice = range.own_advice.load(Relaxed);
+        if self.stage.is_none() || !(range.pmds.wants_huge(page_addr) || own_advice) {
+            return false;
+        }
+        let (start, len) = (range.start, bytes(range.pages));
+        let shared = self.shared;
+        let _reg = shared.reg_lock();
+        if shared.ranges.find(range.start).is_none_or(|r| r.id != range.id) {
+            return false;
+        }
+        let lending = &shared.lending;
+        let mut loans = lending.loans();
+        if range.owner.is_some() && loans.len() >= LOANS {
+            return false;
+        }
+        // SAFETY: huge-page advice changes no content; the range is registered here, so the
+        // mapping is the one the engine serves (its advice was the engine's to give).
+        if own_advice && unsafe { mman::madvise(start, len, mman::MADV_HUGEPAGE) }.is_err() {
+            return false;
+        }
+        if let Err(e) = self.k.unregister(start, len) {
+            if own_advice {
+                // SAFETY: as above, the engine's advice put back.
+                let _ = unsafe { mman::madvise(start, len, mman::MADV_NOHUGEPAGE) };
+            }
+            self.note_errno(e);
+            return false;
+        }
+        shared.ranges.drop_span(start, start + len);
+        if range.owner.is_some() {
+            loans.push(Loan {
+                start,
+                len,
+                owner: range.owner,
+                own_advice,
+                times: range.loans.load(Relaxed),
+                since: Instant::now(),
+            });
+            lending.outstanding.store(loans.len(), Relaxed);
+        }
+        lending.starved.store(0, Relaxed);
+        Stats::add(&self.stats().lends, 1);
+        Stats::add(&self.stats().pages_lent, range.pages);
+        true
+    }
+
+    /// Ends the loans that are due, once the pool holds half of `scrub_stop` again: the engine
+    /// can win there again (see the module doc).
+    pub(crate) fn retake(&mut self) {
+        let shared = self.shared;
+        let lending = &shared.lending;
+        if !lending.any() || self.ready_pages() < pages(self.opts.scrub_stop) / 2 {
+            return;
+        }
+        let now = Instant::now();
+        let _reg = shared.reg_lock();
+        let mut loans = lending.loans();
+        let mut i = 0;
+        while i < loans.len() {
+            if !loans[i].due(now) {
+                i += 1;
+                continue;
+            }
+            let loan = loans.swap_remove(i);
+            let back = take_back(shared, self.k, &loan).unwrap_or_else(|e| {
+                self.note_errno(e);
+                false
+            });
+            Stats::add(
+                if back {
+                    &self.stats().retakes
+                } else {
+                    &self.stats().retakes_dropped
+                },
+                1,
+            );
+        }
+        lending.outstanding.store(loans.len(), Relaxed);
+    }
+}
+
+impl Shared {
+    /// The program recycles memory in `[addr, end)` (`Engine::recycle`): the loans there end
+    /// now, whatever the pool holds, since recycled pages are the cheapest the engine makes
+    /// (a thread that streamed fresh memory starved and then frees and touches it again in
+    /// rounds would otherwise lose the recycling to the loan). On the program's thread.
+    pub(crate) fn end_loans(&self, addr: usize, end: usize) {
+        if !self.lending.any() {
+            return;
+        }
+        let _reg = self.reg_lock();
+        let mut loans = self.lending.loans();
+        let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let mut i = 0;
+        while i < loans.len() {
+            let l = loans[i];
+            if l.start >= end || l.start + l.len <= addr {
+                i += 1;
+                continue;
+            }
+            loans.swap_remove(i);
+            let back = uffd.as_ref().is_some_and(|u| take_back(self, u, &l).unwrap_or(false));
+            Stats::add(
+                if back {
+                    &self.stats.retakes
+                } else {
+                    &self.stats.retakes_dropped
+                },
+                1,
+            );
+        }
+        self.lending.outstanding.store(loans.len(), Relaxed);
+    }
+}
+
+/// Registers a loan again through `k`, under `Shared::reg` (which Region::drop takes to forget
+/// its loans): only if nothing else was registered there meanwhile and it is still anonymous
+/// private memory. `Ok(false)`: dropped; `Err`: the registration was refused.
+fn take_back(shared: &Shared, k: &impl Kernel, loan: &Loan) -> Result<bool, crate::sys::raw::Errno> {
+    let (start, len) = (loan.start, loan.len);
+    if shared.ranges.any(start, start + len) || !mman::anonymous_private(start, len) {
+        return Ok(false);
+    }
+    if loan.own_advice {
+        // SAFETY: the Region's own memory (its loan is not forgotten, so it lives); advice
+        // changes no content.
+        let _ = unsafe { mman::madvise(start, len, mman::MADV_NOHUGEPAGE) };
+    }
+    let r = shared.ranges.insert(start, pages(len), loan.owner);
+    // The PMDs where the kernel put pages hold a page table or a huge page; the others take
+    // whole huge pages again. Unreadable pagemap: any PMD may hold a table.
+    if mman::populated_pmds(start, len, |a, n| r.pmds.mark_tables(a, n)).is_err() {
+        r.pmds.mark_tables(start, len);
+    }
+    r.own_advice.store(loan.own_advice, Relaxed);
+    r.loans.store(loan.times.saturating_add(1), Relaxed);
+    // SAFETY: anonymous private memory of a live Region (checked just now, under the
+    // registration lock), the engine's to serve until the loan: its missing pages read zero,
+    // as the engine fills them.
+    if let Err(e) = unsafe { k.register(start, len) } {
+        shared.ranges.remove(&r);
+        return Err(e);
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -141,6 +480,178 @@ mod tests {
         assert_eq!(handback_span(600, 700, 10_000, 256), (256, 768));
         assert_eq!(handback_span(100, 200, 10_000, 256), (0, 256));
         assert_eq!(handback_span(600, 700, 10_000, 512 + 256), (256, 768), "modulo a PMD");
+    }
+
+    #[test]
+    fn faulters_count_distinct_threads_within_the_last_10_ms() {
+        let f = Faulters::default();
+        let ms = |n: u64| n * 1_000_000 + 1;
+        assert_eq!(f.active_at(ms(0)), 0);
+        f.note_at(100, ms(0));
+        f.note_at(100, ms(1));
+        assert_eq!(f.active_at(ms(1)), 1, "one thread however often it faults");
+        f.note_at(200, ms(2));
+        f.note_at(300, ms(3));
+        assert_eq!(f.active_at(ms(3)), 3);
+        // Counted for 10 ms after their last fault: at 12 ms only 300 (3 ms) is.
+        assert_eq!(f.active_at(ms(11)), 2);
+        assert_eq!(f.active_at(ms(12)), 1);
+        assert_eq!(f.active_at(ms(14)), 0);
+        // Slots of threads gone quiet are reused: many threads over time, the recent ones count.
+        for (i, tid) in (1000..1200).enumerate() {
+            f.note_at(tid, ms(20 + i as u64 * 20));
+        }
+        assert_eq!(f.active_at(ms(20 + 199 * 20)), 1);
+        // 64 threads at once (the table's size) are all counted but for collisions past the
+        // probes, which only ever count fewer.
+        for tid in 5000..5064 {
+            f.note_at(tid, ms(10_000));
+        }
+        let n = f.active_at(ms(10_000));
+        assert!((48..=64).contains(&n), "{n}");
+    }
+
+    #[test]
+    fn starved_needs_8_short_windows_of_a_pmd_in_a_row_and_enough_threads() {
+        let l = Lending::new(Some(2));
+        l.faulters.note(1);
+        l.faulters.note(2);
+        for _ in 0..7 {
+            assert!(!l.starved(2048, 100));
+        }
+        assert!(!l.starved(256, 0), "a small window counts for nothing");
+        assert!(l.starved(2048, 100), "the 8th short window in a row");
+        assert!(!l.starved(2048, 2048), "a window filled resets the count");
+        for _ in 0..7 {
+            assert!(!l.starved(512, 0));
+        }
+        assert!(l.starved(512, 0));
+        // One thread faulting: never starved (the producers outrun it).
+        let one = Lending::new(Some(2));
+        one.faulters.note(1);
+        assert!((0..20).all(|_| !one.starved(2048, 0)));
+        // Lending off.
+        let off = Lending::new(None);
+        off.faulters.note(1);
+        off.faulters.note(2);
+        assert!((0..20).all(|_| !off.starved(2048, 0)));
+    }
+
+    #[test]
+    fn each_loan_of_a_place_lasts_twice_the_last_up_to_10_s() {
+        assert_eq!(loan_length(0), Duration::from_millis(100));
+        assert_eq!(loan_length(1), Duration::from_millis(200));
+        assert_eq!(loan_length(3), Duration::from_millis(800));
+        assert_eq!(loan_length(7), Duration::from_secs(10));
+        assert_eq!(loan_length(u32::MAX), Duration::from_secs(10));
+        let l = Loan {
+            start: 0,
+            len: 0,
+            owner: Some(1),
+            own_advice: true,
+            times: 1,
+            since: Instant::now(),
+        };
+        assert!(!l.due(l.since + Duration::from_millis(199)));
+        assert!(l.due(l.since + Duration::from_millis(200)));
+    }
+
+    #[test]
+    fn the_lending_threshold_follows_the_producers_the_cpus_and_the_knob() {
+        let o = |v: &str| {
+            let mut o = crate::Options::default();
+            o.set("lend_threads", v).unwrap();
+            o
+        };
+        // auto: ceil(min(producers, cpus) * 5 / 8).
+        assert_eq!(o("auto").lend_at(2, 2), Some(2), "this machine: one handler, one scrub");
+        assert_eq!(o("auto").lend_at(3, 2), Some(2));
+        assert_eq!(o("auto").lend_at(2, 1), Some(1));
+        assert_eq!(o("auto").lend_at(9, 64), Some(6), "8 handlers and a scrub on 64 CPUs");
+        assert_eq!(o("auto").lend_at(16, 64), Some(10));
+        assert_eq!(o("off").lend_at(2, 2), None);
+        assert_eq!(o("3").lend_at(2, 2), Some(3));
+        let mut x = crate::Options::default();
+        for bad in ["0", "4097", "-1", "some"] {
+            let e = x.set("lend_threads", bad).unwrap_err().to_string();
+            assert!(e.contains("ZEROFAULT_LEND_THREADS") && e.contains("auto, off"), "{e}");
+        }
+    }
+
+    #[test]
+    fn anonymous_private_memory_is_told_from_files_shared_memory_and_holes() {
+        let len = 8 * crate::page::PMD_SIZE;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let a = mman::map_aligned(len, crate::page::PMD_SIZE, rw, false).unwrap();
+        assert!(mman::anonymous_private(a, len));
+        // SAFETY: our fresh mapping; protection and a hole change what the test reads.
+        unsafe {
+            assert_eq!(
+                libc::mprotect((a + len / 2) as *mut libc::c_void, len / 4, libc::PROT_READ),
+                0
+            );
+        }
+        assert!(mman::anonymous_private(a, len), "several VMAs, one kind");
+        // SAFETY: as above.
+        unsafe { mman::unmap(a + len / 4, crate::page::PAGE_SIZE) }.unwrap();
+        assert!(!mman::anonymous_private(a, len), "a hole");
+        assert!(mman::anonymous_private(a + len / 2, len / 2));
+        // SAFETY: shared anonymous memory of the test's own, unmapped below.
+        let shared = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                rw,
+                libc::MAP_SHARED | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        } as usize;
+        assert!(!mman::anonymous_private(shared, len), "MAP_SHARED");
+        let exe = std::fs::File::open("/proc/self/exe").unwrap();
+        use std::os::fd::AsRawFd;
+        // SAFETY: a private read-only map of our own executable, unmapped below.
+        let file = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                exe.as_raw_fd(),
+                0,
+            )
+        } as usize;
+        assert!(!mman::anonymous_private(file, 4096), "a file");
+        // SAFETY: the test's own mappings.
+        unsafe {
+            mman::unmap(a, len).unwrap();
+            mman::unmap(shared, len).unwrap();
+            mman::unmap(file, 4096).unwrap();
+        }
+    }
+
+    #[test]
+    fn populated_pmds_are_those_holding_a_page() {
+        let pmd = crate::page::PMD_SIZE;
+        let rw = libc::PROT_READ | libc::PROT_WRITE;
+        let a = mman::map_aligned(8 * pmd, pmd, rw, false).unwrap();
+        for at in [a + pmd + 5 * crate::page::PAGE_SIZE, a + 3 * pmd, a + 8 * pmd - 1] {
+            // SAFETY: inside our fresh mapping.
+            unsafe { (at as *mut u8).write_volatile(1) };
+        }
+        let mut seen = vec![];
+        mman::populated_pmds(a, 8 * pmd, |x, n| seen.push((x - a, n))).unwrap();
+        assert_eq!(seen, [(pmd, pmd), (3 * pmd, pmd), (7 * pmd, pmd)]);
+        // A span starting and ending inside PMDs is clipped to itself.
+        seen.clear();
+        let from = a + pmd + pmd / 2;
+        mman::populated_pmds(from, 2 * pmd, |x, n| seen.push((x - a, n))).unwrap();
+        assert_eq!(seen, [(3 * pmd, pmd / 2)]);
+        seen.clear();
+        mman::populated_pmds(a + pmd, pmd / 2, |x, n| seen.push((x - a, n))).unwrap();
+        assert_eq!(seen, [(pmd, pmd / 2)]);
+        // SAFETY: the test's own mapping.
+        unsafe { mman::unmap(a, 8 * pmd) }.unwrap();
     }
 
     #[test]

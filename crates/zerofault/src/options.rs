@@ -119,6 +119,30 @@ impl Kind for Threads {
     }
 }
 
+/// A count of faulting threads, `auto` (`None`: from the model in docs/SCALING.md) or `off`
+/// (`Some(0)`).
+pub struct Lend;
+impl Kind for Lend {
+    type Value = Option<u16>;
+    const ACCEPTS: &'static str = "auto, off, or an integer 1..=4096 (threads faulting at once)";
+    fn parse(s: &str) -> Option<Option<u16>> {
+        if s.eq_ignore_ascii_case("auto") {
+            return Some(None);
+        }
+        if s.eq_ignore_ascii_case("off") {
+            return Some(Some(0));
+        }
+        s.parse::<u16>().ok().filter(|n| (1..=4096).contains(n)).map(Some)
+    }
+    fn show(v: &Option<u16>) -> String {
+        match v {
+            None => "auto".into(),
+            Some(0) => "off".into(),
+            Some(n) => n.to_string(),
+        }
+    }
+}
+
 /// A load-average threshold per CPU, or off.
 pub struct Load;
 impl Kind for Load {
@@ -434,6 +458,14 @@ options! {
     /// reads. `auto`: one per 8 CPUs the process may run on (its affinity when the engine
     /// starts), at least 1, at most 8 (docs/SCALING.md has the measurements behind it).
     handlers: Threads = "auto",
+    /// Starved streams go to the kernel: when this many threads fault at once (each within
+    /// 10 ms) and the huge ring could not fill the last 8 write windows of 2 MiB or more, the range being
+    /// faulted is lent to the kernel (unregistered), where the kernel's own fault takes huge
+    /// pages (the program's advice, or a region of `Engine::map`, advised for the loan); it
+    /// is taken back once the pool holds half of scrub_stop again. `auto`: the faulting
+    /// threads that outrun the engine's producers (handlers and scrubs, at most one per CPU)
+    /// making each page at 1.6 times the kernel's CPU cost (docs/SCALING.md). `off`: never.
+    lend_threads: Lend = "auto",
     /// Testing only: the (first) fault handler panics on this fault event of its own (0 =
     /// never), to exercise fail-open.
     panic_after: Count = "0",
@@ -462,6 +494,20 @@ impl Options {
         match self.handlers {
             0 => (crate::sys::thread::allowed_cpus() / 8).clamp(1, 8),
             n => usize::from(n),
+        }
+    }
+
+    /// The faulting threads at which a starved stream is lent to the kernel (`lend_threads`),
+    /// for `producers` threads making pages (handlers and scrubs) on `cpus` CPUs; `None`: never.
+    /// `auto`: the engine's producers make pages at `min(producers, cpus)` CPUs' worth, each
+    /// page at 8/5 of the kernel's CPU cost (measured: 0.20 s of CPU a GiB cold against the
+    /// kernel's THP fault at 0.126 s), while the kernel makes them on every faulting thread's
+    /// CPU: it wins from `ceil(min(producers, cpus) * 5 / 8)` threads on.
+    pub fn lend_at(&self, producers: usize, cpus: usize) -> Option<usize> {
+        match self.lend_threads {
+            Some(0) => None,
+            Some(n) => Some(usize::from(n)),
+            None => Some((producers.min(cpus).max(1) * 5).div_ceil(8)),
         }
     }
 

@@ -284,6 +284,7 @@ impl Shared {
             && !self.pool_paused.load(Acquire)
             && !self.failed.load(Acquire);
         if recycles {
+            self.end_loans(addr, end);
             let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
             if let Some(u) = uffd.as_ref() {
                 for r in self.ranges.overlapping(addr, end) {

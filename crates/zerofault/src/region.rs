@@ -19,7 +19,7 @@ use crate::sys::mman;
 use crate::thp::PmdMap;
 use crate::Shared;
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// One registered, contiguous range of pages.
@@ -43,6 +43,12 @@ pub(crate) struct Range {
     /// faults miss again goes back to the kernel whole (its access is sparse throughout, a
     /// strided touch of a huge reservation, say).
     pub(crate) handbacks: AtomicU32,
+    /// The engine chose this memory's huge-page advice (`MADV_NOHUGEPAGE` on an
+    /// [`crate::Engine::map`] region), not the program: lent to the kernel, it is advised
+    /// `MADV_HUGEPAGE` for the loan (see [`crate::handback`]).
+    pub(crate) own_advice: AtomicBool,
+    /// Loans to the kernel this memory came back from (each next loan lasts twice as long).
+    pub(crate) loans: AtomicU32,
 }
 
 impl Range {
@@ -122,6 +128,8 @@ impl Table {
             owner,
             misses: Mutex::default(),
             handbacks: AtomicU32::new(0),
+            own_advice: AtomicBool::new(false),
+            loans: AtomicU32::new(0),
         });
         self.by_start.insert(start, r.clone());
         r
@@ -153,7 +161,11 @@ impl Table {
             let lo = r.page_of(start.max(r.start));
             let hi = r.page_of(end.min(r.end()));
             cleared += r.map.count_range(lo, hi - lo);
-            let inherit = |p: Arc<Range>| p.handbacks.store(r.handbacks.load(Relaxed), Relaxed);
+            let inherit = |p: Arc<Range>| {
+                p.handbacks.store(r.handbacks.load(Relaxed), Relaxed);
+                p.own_advice.store(r.own_advice.load(Relaxed), Relaxed);
+                p.loans.store(r.loans.load(Relaxed), Relaxed);
+            };
             if lo > 0 {
                 inherit(self.new_range(r.start, r.map.slice(0, lo), r.pmds.slice(r.start, lo), r.owner));
             }
@@ -405,13 +417,24 @@ impl Region {
         unsafe {
             mman::map_fixed(addr, len)?;
             let _ = mman::madvise(addr, len, mman::MADV_NOHUGEPAGE);
-            self.shared.register_range(addr, len, Some(self.id), true)
+            self.shared.register_range(addr, len, Some(self.id), true)?;
         }
+        if let Some(r) = self.shared.ranges.find(addr) {
+            r.own_advice.store(true, Relaxed);
+        }
+        Ok(())
     }
 }
 
 impl Drop for Region {
     fn drop(&mut self) {
+        // A loan of this region's memory ends with it: nothing may register these addresses
+        // again once they are unmapped (under `reg`, which a take-back holds from its check to
+        // its registration: one taken back already is in the table, and goes below).
+        {
+            let _reg = self.shared.reg_lock();
+            self.shared.lending.forget(self.id);
+        }
         let pieces = self.shared.ranges.take_owned(self.id);
         let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
         if self.owned {

@@ -156,6 +156,16 @@ counters! {
     /// Hand-backs not made because the program released, cut or replaced the range since the
     /// fault that called for them.
     handbacks_stale,
+    /// Ranges lent to the kernel while starved (`lend_threads`: as many threads faulting as
+    /// the engine's producers could not outrun, and the huge ring short of their windows).
+    lends,
+    /// Pages in the ranges lent.
+    pages_lent,
+    /// Lent ranges taken back (registered again) once the pool had refilled.
+    retakes,
+    /// Lent ranges not taken back: the program unmapped or replaced them meanwhile, or they
+    /// are no longer anonymous private memory, or registering them failed.
+    retakes_dropped,
     /// UFFD_EVENT_REMOVE messages (madvise DONTNEED/FREE/REMOVE).
     events_remove,
     /// UFFD_EVENT_UNMAP messages (munmap, mmap MAP_FIXED over a region).

@@ -758,7 +758,10 @@ fn several_handlers_serve_writers_discards_and_unmaps_and_stop() {
     const NAME: &str = "several_handlers_serve_writers_discards_and_unmaps_and_stop";
     if std::env::var(CHILD).is_err() {
         for h in ["1", "2", "4"] {
-            let out = run_child(NAME, &[("ZEROFAULT_HANDLERS", h)], Duration::from_secs(120));
+            // Four threads on this machine's two CPUs, past the prefilled pool: starved, they
+            // would lend the region to the kernel (tested apart), and its events would stop.
+            let env = [("ZEROFAULT_HANDLERS", h), ("ZEROFAULT_LEND_THREADS", "off")];
+            let out = run_child(NAME, &env, Duration::from_secs(120));
             assert!(out.contains("CHILD-OK"), "handlers={h}: {out}");
         }
         return;
@@ -1006,4 +1009,75 @@ fn a_region_handed_back_is_unmapped_whole_when_dropped() {
         !mapped_at(addr, len),
         "the region's memory is still mapped after its drop"
     );
+}
+
+/// Two threads stream into one region with a pool too small for their windows (the engine
+/// starved, as at two threads on two CPUs with an empty pool): the region is lent to the
+/// kernel, whose own faults take huge pages there, and no byte is lost. Once the pool has
+/// refilled, the region comes back: a discarded part, touched again, is the engine's to serve.
+/// With `lend_threads=off`, or one thread, nothing is lent.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn starved_streams_lend_their_region_to_the_kernel_and_it_comes_back() {
+    fn stream(e: &Engine, threads: usize) -> (Region, zerofault::Snapshot) {
+        let mut r = e.map(256 * MIB).unwrap();
+        let (base, share) = (r.as_ptr() as usize, 256 * MIB / threads);
+        let bad: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..threads)
+                .map(|t| {
+                    s.spawn(move || {
+                        let mut bad = 0;
+                        for p in (t * share..(t + 1) * share).step_by(PAGE_SIZE) {
+                            // SAFETY: inside the region, alive until the scope ends; each page
+                            // belongs to one thread.
+                            let page = unsafe { std::slice::from_raw_parts_mut((base + p) as *mut u8, PAGE_SIZE) };
+                            page[7] = t as u8 + 1;
+                            bad += usize::from(!is_zero(&page[..7]) || !is_zero(&page[8..]));
+                        }
+                        bad
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        assert_eq!(bad, 0, "every page read zero but for its write");
+        for (i, page) in r.as_mut_slice().chunks(PAGE_SIZE).enumerate() {
+            assert_eq!(page[7], (i * PAGE_SIZE / share) as u8 + 1, "page {i} kept its byte");
+        }
+        (r, e.stats())
+    }
+    // A pool of 8 MiB: every max_order window (8 MiB) finds the huge ring short.
+    let small = [("pool_max", "8M"), ("scrub_start", "4M"), ("scrub_stop", "8M")];
+    let e = engine_with(&[small.as_slice(), &[("lend_threads", "2")]].concat());
+    let (mut r, s) = stream(&e, 2);
+    assert!(s.lends >= 1 && s.pages_lent >= 65536, "lent: {}", s.to_text());
+    // A loan ends once the pool holds 4 MiB again and 100 ms have passed (twice as long for
+    // each later loan: a slow run may take the region back before its streams end, and lend
+    // it again).
+    let t0 = Instant::now();
+    let out = |s: &zerofault::Snapshot| s.lends - s.retakes - s.retakes_dropped;
+    while out(&e.stats()) > 0 && t0.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = e.stats();
+    assert!(s.retakes >= 1 && out(&s) == 0, "taken back: {}", s.to_text());
+    assert_eq!(s.retakes_dropped, 0, "{}", s.to_text());
+    r.discard(64 * MIB, 4 * MIB).unwrap();
+    let before = e.stats().fault_events;
+    assert_eq!(touch_and_check(&mut r, 64 * MIB / PAGE_SIZE..68 * MIB / PAGE_SIZE), 0);
+    let s = e.stats();
+    assert!(
+        s.fault_events > before,
+        "the engine serves the region again: {}",
+        s.to_text()
+    );
+    let (addr, len) = (r.as_ptr() as usize, r.len());
+    drop(r);
+    assert!(!mapped_at(addr, len));
+
+    for (lend, threads) in [("off", 2), ("2", 1)] {
+        let e = engine_with(&[small.as_slice(), &[("lend_threads", lend)]].concat());
+        let (_r, s) = stream(&e, threads);
+        assert_eq!(s.lends, 0, "lend_threads={lend}, {threads} thread(s): {}", s.to_text());
+    }
 }

@@ -133,6 +133,13 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
                 Stats::add(&shared.stats.handler_cpu_ns, nanos(now - counted));
                 (counted, last_count) = (now, Instant::now());
             }
+            // Nothing pending: a loan may end now. While any is out, the wait is bounded, so
+            // that an idle handler still looks (the program may fault only where it lent).
+            h.retake();
+            let timeout = match timeout {
+                None if shared.lending.any() => Some(crate::handback::RETAKE_AFTER),
+                t => t,
+            };
             if uffd.wait(timeout).is_err() || !uffd.still_ours() {
                 break; // closed or replaced behind our back: fail open
             }

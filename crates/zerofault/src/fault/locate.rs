@@ -57,6 +57,7 @@ impl<K: Kernel> Handler<'_, K> {
         }
         Stats::add(if write { &stats.write_faults } else { &stats.read_faults }, 1);
         self.faults_seen += 1;
+        self.shared.lending.faulters.note(tid);
         if self.opts.panic_after != 0 && self.faults_seen == self.opts.panic_after && self.index == 0 {
             panic!(
                 "zerofault: ZEROFAULT_PANIC_AFTER={} reached (testing fail-open)",
@@ -212,6 +213,14 @@ impl<K: Kernel> Handler<'_, K> {
                 self.wake(page_addr);
                 return None;
             }
+        }
+        // Starved, with as many threads faulting as the kernel would serve faster: the range
+        // goes to the kernel (see handback.rs), and this fault with it.
+        let lendable =
+            write && self.can_move && self.stage.is_some() && self.home_pool().is_some_and(|p| p.huge.is_some());
+        if lendable && self.shared.lending.starved(end - first, ready) && self.lend(range, page_addr) {
+            self.wake(page_addr);
+            return None;
         }
         Stats::add(&stats.window_order[w.order as usize], 1);
         Some(Located {

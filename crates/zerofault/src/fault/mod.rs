@@ -68,6 +68,11 @@ pub(crate) trait Kernel {
     fn wake(&self, addr: usize, len: usize) -> Result<(), Errno>;
     /// Hands `[addr, addr + len)` back to the kernel.
     fn unregister(&self, addr: usize, len: usize) -> Result<(), Errno>;
+    /// Takes `[addr, addr + len)` back from the kernel (after a loan).
+    ///
+    /// # Safety
+    /// As [`Uffd::register`].
+    unsafe fn register(&self, addr: usize, len: usize) -> Result<(), Errno>;
     /// Reads the pending messages that fit in `out` without blocking; 0 when none is pending.
     fn read(&self, out: &mut [Msg]) -> Result<usize, Errno>;
     /// The run of accessible (not `PROT_NONE`) mappings holding `addr`, as `[lo, hi)`; `None`
@@ -96,6 +101,11 @@ impl Kernel for Uffd {
 
     fn unregister(&self, addr: usize, len: usize) -> Result<(), Errno> {
         Uffd::unregister(self, addr, len)
+    }
+
+    unsafe fn register(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        // SAFETY: the caller upholds the contract, which is the same.
+        unsafe { Uffd::register(self, addr, len) }
     }
 
     fn mapping_of(&self, addr: usize) -> Option<(usize, usize)> {

@@ -38,6 +38,7 @@ struct Fake {
     calls: RefCell<Vec<(Verb, usize, usize)>>,
     wakes: RefCell<Vec<usize>>,
     unregistered: RefCell<Vec<(usize, usize)>>,
+    registered: RefCell<Vec<(usize, usize)>>,
     /// Messages `read` returns.
     pending: RefCell<VecDeque<Msg>>,
 }
@@ -120,6 +121,10 @@ impl Kernel for Fake {
     }
     fn unregister(&self, addr: usize, len: usize) -> Result<(), Errno> {
         self.unregistered.borrow_mut().push((addr, len));
+        Ok(())
+    }
+    unsafe fn register(&self, addr: usize, len: usize) -> Result<(), Errno> {
+        self.registered.borrow_mut().push((addr, len));
         Ok(())
     }
     fn mapping_of(&self, addr: usize) -> Option<(usize, usize)> {

@@ -329,6 +329,61 @@ fn vma_header(l: &str) -> Option<(usize, usize, &str)> {
     Some((parse(a)?, parse(b)?, f.next()?))
 }
 
+/// Whether `[addr, addr + len)` is covered, with no hole, by anonymous private mappings (no
+/// file, no name such as `[stack]`; `MAP_SHARED` memory is refused). Reads /proc/self/maps:
+/// not for hot paths.
+pub(crate) fn anonymous_private(addr: usize, len: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
+        return false;
+    };
+    let (mut at, end) = (addr, addr.saturating_add(len));
+    for l in maps.lines() {
+        let Some((a, b, perms)) = vma_header(l) else {
+            return false;
+        };
+        if b <= at {
+            continue;
+        }
+        if a > at || at >= end {
+            break;
+        }
+        // perms offset dev inode [path]
+        let mut rest = l.split_whitespace().skip(2);
+        let (_offset, _dev, inode, path) = (rest.next(), rest.next(), rest.next(), rest.next());
+        if !perms.ends_with('p') || inode != Some("0") || path.is_some() {
+            return false;
+        }
+        at = b;
+    }
+    at >= end
+}
+
+/// Calls `each` with the start of every PMD of `[addr, addr + len)` (clipped to it) where a
+/// page is present or swapped out (/proc/self/pagemap, bits 63 and 62): where the kernel put a
+/// page table or a huge page. `Err` when pagemap cannot be read (then nothing is known).
+pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize, usize)) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    const PRESENT_OR_SWAPPED: u64 = 3 << 62;
+    let f = std::fs::File::open("/proc/self/pagemap")?;
+    let end = addr.saturating_add(len);
+    let mut buf = [0u8; 8 * (PMD_SIZE / PAGE_SIZE)];
+    let mut at = addr;
+    while at < end {
+        let next = ((at / PMD_SIZE) + 1) * PMD_SIZE;
+        let to = next.min(end);
+        let n = (to - at) / PAGE_SIZE * 8;
+        f.read_exact_at(&mut buf[..n], (at / PAGE_SIZE * 8) as u64)?;
+        let any = buf[..n]
+            .chunks_exact(8)
+            .any(|e| u64::from_ne_bytes(e.try_into().unwrap_or_default()) & PRESENT_OR_SWAPPED != 0);
+        if any {
+            each(at, to - at);
+        }
+        at = to;
+    }
+    Ok(())
+}
+
 /// The run of contiguous mappings that are not `PROT_NONE` holding `addr`, as `[lo, hi)`
 /// (`None` if `addr` is unmapped or `PROT_NONE`). Reads /proc/self/maps: not for hot paths.
 pub(crate) fn accessible_around(addr: usize) -> Option<(usize, usize)> {
