@@ -215,9 +215,17 @@ impl<K: Kernel> Handler<'_, K> {
             }
         }
         // Starved, with as many threads faulting as the kernel would serve faster: the range
-        // goes to the kernel (see handback.rs), and this fault with it.
-        let lendable =
-            write && self.can_move && self.stage.is_some() && self.home_pool().is_some_and(|p| p.huge.is_some());
+        // goes to the kernel (see handback.rs), and this fault with it. Only windows that go
+        // on into a PMD with no page table count: there the engine wants a huge page, and the
+        // kernel would make one; a PMD with a table (memory discarded after a loan, say) takes
+        // 4 KiB pages from either.
+        let next_pmd = pmd_start(page_addr) + PMD_SIZE;
+        let lendable = write
+            && self.can_move
+            && self.stage.is_some()
+            && self.home_pool().is_some_and(|p| p.huge.is_some())
+            && next_pmd < range.end()
+            && !range.pmds.has_table(next_pmd);
         if lendable && self.shared.lending.starved(end - first, ready) && self.lend(range, page_addr) {
             self.wake(page_addr);
             return None;
