@@ -28,7 +28,7 @@
 //! holes again, in 4 KiB windows (any PMD may hold a page table now).
 
 use crate::fault::{Handler, Kernel};
-use crate::page::{bytes, pages, PMD_PAGES};
+use crate::page::{bytes, pages, pmd_start, PMD_PAGES, PMD_SIZE};
 use crate::predict::Outcome;
 use crate::region::Range;
 use crate::stats::Stats;
@@ -99,6 +99,14 @@ pub(crate) const STARVED_WINDOWS: u32 = 8;
 /// A thread counts as faulting for this long after its last fault (a cold window of 8 MiB
 /// takes 1.5-4 ms to make here).
 pub(crate) const ACTIVE_WITHIN: Duration = Duration::from_millis(10);
+/// A staging populate at most this long (2 MiB) says the kernel makes huge pages fast now:
+/// 0.2-0.5 ms here when memory was in use lately; 2-8 ms from memory the guest returned to
+/// its host (free page reporting), where the kernel's own huge-page faults are as slow
+/// (`thp` 1-thread runs of 0.12-2.3 s a GiB), and the engine, copying 4 KiB pages instead
+/// (see thp.rs `STAGE_SLOW`), is the faster one.
+pub(crate) const LEND_POPULATE_MAX: Duration = Duration::from_millis(1);
+/// How recent that populate must be.
+pub(crate) const LEND_POPULATE_WITHIN: Duration = Duration::from_secs(1);
 /// The shortest loan; each later loan of the same place lasts twice as long as the last.
 pub(crate) const RETAKE_AFTER: Duration = Duration::from_millis(100);
 /// The longest loan before the engine looks again.
@@ -107,6 +115,8 @@ pub(crate) const RETAKE_MAX: Duration = Duration::from_secs(10);
 const LOANS: usize = 16;
 /// Slots of the recent-faulters table: distinct threads counted at most.
 const FAULTER_SLOTS: usize = 64;
+/// Slots a thread may take, from the one its id hashes to.
+const PROBES: usize = 4;
 
 /// The threads that faulted recently: one slot per thread id (hashed, a few probes), holding
 /// when it last faulted. Lock-free and approximate: a thread whose slots are all taken by
@@ -142,26 +152,25 @@ impl Faulters {
     fn note_at(&self, tid: u32, now: u64) {
         let stale = now.saturating_sub(nanos(ACTIVE_WITHIN));
         let home = (tid as usize).wrapping_mul(0x9E37_79B9) % FAULTER_SLOTS;
-        for probe in 0..4 {
-            let i = (home + probe) % FAULTER_SLOTS;
-            let (t, at) = (&self.tids[i], &self.at[i]);
-            if t.load(Relaxed) == tid {
-                at.store(now, Relaxed);
-                return;
-            }
+        let slot = |probe: usize| (home + probe) % FAULTER_SLOTS;
+        // Its own slot first, wherever it is among the probes: a thread that took a later
+        // probe while its first was another's must not take the first too when that goes
+        // stale (it would count twice, which errs towards lending).
+        if let Some(i) = (0..PROBES).map(slot).find(|&i| self.tids[i].load(Relaxed) == tid) {
+            self.at[i].store(now, Relaxed);
+            return;
+        }
+        for i in (0..PROBES).map(slot) {
+            let at = &self.at[i];
             let seen = at.load(Relaxed);
             if seen <= stale && at.compare_exchange(seen, now, AcqRel, Relaxed).is_ok() {
-                t.store(tid, Relaxed);
+                self.tids[i].store(tid, Relaxed);
                 return;
             }
         }
     }
 
-    /// Distinct threads that faulted within [`ACTIVE_WITHIN`].
-    pub(crate) fn active(&self) -> usize {
-        self.active_at(self.now())
-    }
-
+    /// Distinct threads that faulted within [`ACTIVE_WITHIN`] of `now` (see `now`).
     fn active_at(&self, now: u64) -> usize {
         let since = now.saturating_sub(nanos(ACTIVE_WITHIN));
         self.at.iter().filter(|a| a.load(Relaxed) > since).count()
@@ -173,12 +182,15 @@ fn nanos(d: Duration) -> u64 {
 }
 
 /// A range lent to the kernel.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Loan {
     start: usize,
     len: usize,
     owner: Option<u64>,
     own_advice: bool,
+    /// The spans the program advised huge (`MADV_HUGEPAGE`, seen by the engine): their
+    /// advice, and the engine's record of it, come back with the memory.
+    huge: Vec<(usize, usize)>,
     /// Earlier loans of this place (the duration doubles with each).
     times: u32,
     since: Instant,
@@ -199,8 +211,6 @@ fn loan_length(times: u32) -> Duration {
 #[derive(Debug)]
 pub(crate) struct Lending {
     pub(crate) faulters: Faulters,
-    /// Write windows in a row the huge ring could not fill.
-    starved: AtomicU32,
     /// Threads faulting at once from which a starved range is lent; `None`: never.
     at: Option<usize>,
     loans: Mutex<Vec<Loan>>,
@@ -212,27 +222,31 @@ impl Lending {
     pub(crate) fn new(at: Option<usize>) -> Lending {
         Lending {
             faulters: Faulters::default(),
-            starved: AtomicU32::new(0),
             at,
             loans: Mutex::new(Vec::with_capacity(LOANS)),
             outstanding: AtomicUsize::new(0),
         }
     }
 
-    /// A write window of `window` pages found `ready` pages in the huge ring: whether the
-    /// engine is starved now (the last [`STARVED_WINDOWS`] windows of a PMD or more were
-    /// short, with at least the lending threshold of threads faulting).
-    pub(crate) fn starved(&self, window: u64, ready: u64) -> bool {
+    /// A write window of `window` pages of `range` found `ready` pages in the huge ring:
+    /// whether the range is starved now (its last [`STARVED_WINDOWS`] windows of a PMD or more
+    /// were short, with at least the lending threshold of threads faulting). Counted per
+    /// range: windows of other ranges, fed or not, say nothing of this one.
+    pub(crate) fn starved(&self, range: &Range, window: u64, ready: u64) -> bool {
+        self.starved_at(range, window, ready, self.faulters.now())
+    }
+
+    fn starved_at(&self, range: &Range, window: u64, ready: u64, now: u64) -> bool {
         let Some(at) = self.at else { return false };
         if window < PMD_PAGES {
             return false;
         }
         if ready >= window {
-            self.starved.store(0, Relaxed);
+            range.starved.store(0, Relaxed);
             return false;
         }
-        let n = self.starved.fetch_add(1, Relaxed).saturating_add(1);
-        n >= STARVED_WINDOWS && self.faulters.active() >= at
+        let n = range.starved.fetch_add(1, Relaxed).saturating_add(1);
+        n >= STARVED_WINDOWS && self.faulters.active_at(now) >= at
     }
 
     /// Whether any range is on loan.
@@ -244,10 +258,13 @@ impl Lending {
         self.loans.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The loans of Region `owner` end (it is dropped). Called under `Shared::reg`.
-    pub(crate) fn forget(&self, owner: u64) {
+    /// The loans of Region `owner` end (it is dropped), counted as not taken back. Called
+    /// under `Shared::reg`.
+    pub(crate) fn forget(&self, owner: u64, stats: &Stats) {
         let mut loans = self.loans();
+        let before = loans.len();
         loans.retain(|l| l.owner != Some(owner));
+        Stats::add(&stats.retakes_dropped, (before - loans.len()) as u64);
         self.outstanding.store(loans.len(), Relaxed);
     }
 }
@@ -287,6 +304,14 @@ impl<K: Kernel> Handler<'_, K> {
         Some((first, end))
     }
 
+    /// Whether the kernel makes huge pages fast right now: this handler's last staging
+    /// populate, within the last second, took at most [`LEND_POPULATE_MAX`]. No recent
+    /// populate: nothing known, no loan.
+    pub(crate) fn kernel_makes_huge_pages_fast(&self) -> bool {
+        self.last_populate
+            .is_some_and(|(at, took)| at.elapsed() <= LEND_POPULATE_WITHIN && took <= LEND_POPULATE_MAX)
+    }
+
     /// Lends `range` to the kernel, the engine being starved (see the module doc); true when
     /// it went: the thread faulting at `page_addr`, woken, faults natively.
     ///
@@ -304,7 +329,23 @@ impl<K: Kernel> Handler<'_, K> {
         if self.stage.is_none() || !(range.pmds.wants_huge(page_addr) || own_advice) {
             return false;
         }
-        let (start, len) = (range.start, bytes(range.pages));
+        // An Engine::map region goes whole (its advice is the engine's, and it comes back);
+        // elsewhere only the run of PMDs the program advised huge around the fault: a shim
+        // arena holding many blocks, one of them advised, lends that block alone.
+        let (start, end) = if own_advice {
+            (range.start, range.end())
+        } else {
+            let mut lo = pmd_start(page_addr);
+            while lo >= range.start + PMD_SIZE && range.pmds.wants_huge(lo - PMD_SIZE) {
+                lo -= PMD_SIZE;
+            }
+            let mut hi = pmd_start(page_addr) + PMD_SIZE;
+            while hi < range.end() && range.pmds.wants_huge(hi) {
+                hi += PMD_SIZE;
+            }
+            (lo.max(range.start), hi.min(range.end()))
+        };
+        let len = end - start;
         let shared = self.shared;
         let _reg = shared.reg_lock();
         if shared.ranges.find(range.start).is_none_or(|r| r.id != range.id) {
@@ -315,6 +356,21 @@ impl<K: Kernel> Handler<'_, K> {
         if range.owner.is_some() && loans.len() >= LOANS {
             return false;
         }
+        // The program's own huge-page advice in the span, put back when the loan ends.
+        let mut huge = Vec::new();
+        if range.owner.is_some() {
+            let mut at = start;
+            while at < end {
+                let next = (pmd_start(at) + PMD_SIZE).min(end);
+                if range.pmds.wants_huge(at) {
+                    match huge.last_mut() {
+                        Some((_, e)) if *e == at => *e = next,
+                        _ => huge.push((at, next)),
+                    }
+                }
+                at = next;
+            }
+        }
         // SAFETY: huge-page advice changes no content; the range is registered here, so the
         // mapping is the one the engine serves (its advice was the engine's to give).
         if own_advice && unsafe { mman::madvise(start, len, mman::MADV_HUGEPAGE) }.is_err() {
@@ -322,27 +378,27 @@ impl<K: Kernel> Handler<'_, K> {
         }
         if let Err(e) = self.k.unregister(start, len) {
             if own_advice {
-                // SAFETY: as above, the engine's advice put back.
-                let _ = unsafe { mman::madvise(start, len, mman::MADV_NOHUGEPAGE) };
+                restore_advice(start, len, &huge);
             }
             self.note_errno(e);
             return false;
         }
-        shared.ranges.drop_span(start, start + len);
+        shared.ranges.drop_span(start, end);
         if range.owner.is_some() {
             loans.push(Loan {
                 start,
                 len,
                 owner: range.owner,
                 own_advice,
+                huge,
                 times: range.loans.load(Relaxed),
                 since: Instant::now(),
             });
             lending.outstanding.store(loans.len(), Relaxed);
         }
-        lending.starved.store(0, Relaxed);
+        range.starved.store(0, Relaxed);
         Stats::add(&self.stats().lends, 1);
-        Stats::add(&self.stats().pages_lent, range.pages);
+        Stats::add(&self.stats().pages_lent, pages(len));
         true
     }
 
@@ -395,12 +451,11 @@ impl Shared {
         let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
         let mut i = 0;
         while i < loans.len() {
-            let l = loans[i];
-            if l.start >= end || l.start + l.len <= addr {
+            if loans[i].start >= end || loans[i].start + loans[i].len <= addr {
                 i += 1;
                 continue;
             }
-            loans.swap_remove(i);
+            let l = loans.swap_remove(i);
             let back = uffd.as_ref().is_some_and(|u| take_back(self, u, &l).unwrap_or(false));
             Stats::add(
                 if back {
@@ -415,6 +470,19 @@ impl Shared {
     }
 }
 
+/// The advice of an `Engine::map` region's span after a loan: the engine's `MADV_NOHUGEPAGE`,
+/// and the program's `MADV_HUGEPAGE` on the spans it advised.
+fn restore_advice(start: usize, len: usize, huge: &[(usize, usize)]) {
+    // SAFETY: the Region's own memory (its loan is not forgotten, so it lives); advice changes
+    // no content.
+    unsafe {
+        let _ = mman::madvise(start, len, mman::MADV_NOHUGEPAGE);
+        for &(a, b) in huge {
+            let _ = mman::madvise(a, b - a, mman::MADV_HUGEPAGE);
+        }
+    }
+}
+
 /// Registers a loan again through `k`, under `Shared::reg` (which Region::drop takes to forget
 /// its loans): only if nothing else was registered there meanwhile and it is still anonymous
 /// private memory. `Ok(false)`: dropped; `Err`: the registration was refused.
@@ -424,11 +492,12 @@ fn take_back(shared: &Shared, k: &impl Kernel, loan: &Loan) -> Result<bool, crat
         return Ok(false);
     }
     if loan.own_advice {
-        // SAFETY: the Region's own memory (its loan is not forgotten, so it lives); advice
-        // changes no content.
-        let _ = unsafe { mman::madvise(start, len, mman::MADV_NOHUGEPAGE) };
+        restore_advice(start, len, &loan.huge);
     }
     let r = shared.ranges.insert(start, pages(len), loan.owner);
+    for &(a, b) in &loan.huge {
+        r.set_huge(a, b, true);
+    }
     // The PMDs where the kernel put pages hold a page table or a huge page; the others take
     // whole huge pages again. Unreadable pagemap: any PMD may hold a table.
     if mman::populated_pmds(start, len, |a, n| r.pmds.mark_tables(a, n)).is_err() {
@@ -512,29 +581,60 @@ mod tests {
     }
 
     #[test]
-    fn starved_needs_8_short_windows_of_a_pmd_in_a_row_and_enough_threads() {
+    fn starved_needs_8_short_windows_of_a_pmd_in_a_row_in_one_range_and_enough_threads() {
+        let table = crate::region::RangeTable::default();
+        let (r, other) = (
+            table.insert(1 << 30, 1 << 18, None),
+            table.insert(1 << 31, 1 << 18, None),
+        );
+        let now = 1_000_000_000;
         let l = Lending::new(Some(2));
-        l.faulters.note(1);
-        l.faulters.note(2);
+        l.faulters.note_at(1, now);
+        l.faulters.note_at(2, now);
+        let starved = |range: &Range, window, ready| l.starved_at(range, window, ready, now);
         for _ in 0..7 {
-            assert!(!l.starved(2048, 100));
+            assert!(!starved(&r, 2048, 100));
         }
-        assert!(!l.starved(256, 0), "a small window counts for nothing");
-        assert!(l.starved(2048, 100), "the 8th short window in a row");
-        assert!(!l.starved(2048, 2048), "a window filled resets the count");
+        assert!(!starved(&r, 256, 0), "a small window counts for nothing");
+        assert!(
+            !starved(&other, 2048, 0),
+            "another range's window says nothing of this one"
+        );
+        assert!(!starved(&other, 2048, 4096), "nor does another range fed");
+        assert!(starved(&r, 2048, 100), "the 8th short window in a row");
+        assert!(!starved(&r, 2048, 2048), "a window filled resets the count");
         for _ in 0..7 {
-            assert!(!l.starved(512, 0));
+            assert!(!starved(&r, 512, 0));
         }
-        assert!(l.starved(512, 0));
+        assert!(starved(&r, 512, 0));
+        // The threads went quiet 10 ms ago: not starved, however short the windows.
+        assert!(!l.starved_at(&r, 512, 0, now + 10_000_000));
         // One thread faulting: never starved (the producers outrun it).
         let one = Lending::new(Some(2));
-        one.faulters.note(1);
-        assert!((0..20).all(|_| !one.starved(2048, 0)));
+        one.faulters.note_at(1, now);
+        let r1 = table.insert(1 << 32, 1 << 18, None);
+        assert!((0..20).all(|_| !one.starved_at(&r1, 2048, 0, now)));
         // Lending off.
         let off = Lending::new(None);
-        off.faulters.note(1);
-        off.faulters.note(2);
-        assert!((0..20).all(|_| !off.starved(2048, 0)));
+        off.faulters.note_at(1, now);
+        off.faulters.note_at(2, now);
+        let r2 = table.insert(1 << 33, 1 << 18, None);
+        assert!((0..20).all(|_| !off.starved_at(&r2, 2048, 0, now)));
+    }
+
+    #[test]
+    fn a_thread_is_counted_once_even_after_the_slot_it_hashes_to_frees() {
+        let f = Faulters::default();
+        let ms = |n: u64| n * 1_000_000 + 1;
+        // Find two threads hashing to one slot: the second takes the next probe.
+        let home = |tid: u32| (tid as usize).wrapping_mul(0x9E37_79B9) % FAULTER_SLOTS;
+        let a = 7u32;
+        let b = (8..100_000u32).find(|&t| home(t) == home(a)).unwrap();
+        f.note_at(a, ms(0));
+        f.note_at(b, ms(5));
+        // a goes stale at 10 ms; b faults again at 12 ms and must keep its own slot.
+        f.note_at(b, ms(12));
+        assert_eq!(f.active_at(ms(12)), 1);
     }
 
     #[test]
@@ -549,6 +649,7 @@ mod tests {
             len: 0,
             owner: Some(1),
             own_advice: true,
+            huge: Vec::new(),
             times: 1,
             since: Instant::now(),
         };
@@ -642,6 +743,19 @@ mod tests {
         let mut seen = vec![];
         mman::populated_pmds(a, 8 * pmd, |x, n| seen.push((x - a, n))).unwrap();
         assert_eq!(seen, [(pmd, pmd), (3 * pmd, pmd), (7 * pmd, pmd)]);
+        // The kernel's PAGEMAP_SCAN (Linux 6.7; this project needs 6.8) gives the page runs.
+        let f = std::fs::File::open("/proc/self/pagemap").unwrap();
+        let mut runs = vec![];
+        mman::pagemap_scan(&f, a, a + 8 * pmd, &mut |x, y| runs.push((x - a, y - a))).unwrap();
+        let page = crate::page::PAGE_SIZE;
+        assert_eq!(
+            runs,
+            [
+                (pmd + 5 * page, pmd + 6 * page),
+                (3 * pmd, 3 * pmd + page),
+                (8 * pmd - page, 8 * pmd)
+            ]
+        );
         // A span starting and ending inside PMDs is clipped to itself.
         seen.clear();
         let from = a + pmd + pmd / 2;

@@ -49,6 +49,9 @@ pub(crate) struct Range {
     pub(crate) own_advice: AtomicBool,
     /// Loans to the kernel this memory came back from (each next loan lasts twice as long).
     pub(crate) loans: AtomicU32,
+    /// Write windows of a PMD or more in a row that the huge ring could not fill
+    /// ([`crate::handback::Lending::starved`]).
+    pub(crate) starved: AtomicU32,
 }
 
 impl Range {
@@ -101,6 +104,9 @@ struct Table {
     by_start: BTreeMap<usize, Arc<Range>>,
     seq: u64,
     next_id: u64,
+    /// Spans of Regions' memory that left the table unregistered (handed back or lent to the
+    /// kernel), as (owner, start, end): still the Region's, unmapped with it.
+    left: Vec<(u64, usize, usize)>,
 }
 
 impl Table {
@@ -130,6 +136,7 @@ impl Table {
             handbacks: AtomicU32::new(0),
             own_advice: AtomicBool::new(false),
             loans: AtomicU32::new(0),
+            starved: AtomicU32::new(0),
         });
         self.by_start.insert(start, r.clone());
         r
@@ -248,7 +255,23 @@ impl RangeTable {
     /// Adds `[start, start + pages)`, replacing whatever stale ranges overlapped it.
     pub(crate) fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
         let mut t = self.write();
-        t.cut(start, start + bytes(pages), None);
+        let end = start + bytes(pages);
+        t.cut(start, end, None);
+        // Registered again (a loan taken back): the table holds it, not `left`.
+        let mut kept = Vec::new();
+        for &(o, a, b) in &t.left {
+            if a < end && start < b {
+                if a < start {
+                    kept.push((o, a, start));
+                }
+                if end < b {
+                    kept.push((o, end, b));
+                }
+            } else {
+                kept.push((o, a, b));
+            }
+        }
+        t.left = kept;
         t.new_range(start, PageMap::new(pages), PmdMap::new(start, pages), owner)
     }
 
@@ -281,8 +304,16 @@ impl RangeTable {
     }
 
     /// `[start, end)` is no longer registered (handed back to the kernel): cut from every range.
+    /// What belonged to a Region is remembered, for its drop to unmap.
     pub(crate) fn drop_span(&self, start: usize, end: usize) {
-        self.write().cut(start, end, None);
+        let mut t = self.write();
+        let (_, pieces) = t.cut(start, end, None);
+        for (r, first, n) in pieces {
+            if let Some(owner) = r.owner {
+                let a = r.addr_of(first);
+                t.left.push((owner, a, a + bytes(n)));
+            }
+        }
     }
 
     /// UFFD_EVENT_UNMAP: `[start, end)` is gone. Returns page states cleared.
@@ -311,6 +342,15 @@ impl RangeTable {
         if t.by_start.get(&r.start).is_some_and(|x| x.id == r.id) {
             t.by_start.remove(&r.start);
         }
+    }
+
+    /// Removes and returns the spans of `owner`'s memory that left the table unregistered
+    /// (see [`Table::left`]).
+    pub(crate) fn take_left(&self, owner: u64) -> Vec<(usize, usize)> {
+        let mut t = self.write();
+        let mine = t.left.iter().filter(|l| l.0 == owner).map(|l| (l.1, l.2)).collect();
+        t.left.retain(|l| l.0 != owner);
+        mine
     }
 
     /// Removes and returns every range of `owner`.
@@ -429,27 +469,35 @@ impl Region {
 impl Drop for Region {
     fn drop(&mut self) {
         // A loan of this region's memory ends with it: nothing may register these addresses
-        // again once they are unmapped (under `reg`, which a take-back holds from its check to
-        // its registration: one taken back already is in the table, and goes below).
-        {
+        // again once they are unmapped. Under `reg`, which a lend and a take-back hold from
+        // their check to their change of the table: a range lent or taken back before this is
+        // in `left` or in the table below, and none after.
+        let (pieces, left) = {
             let _reg = self.shared.reg_lock();
-            self.shared.lending.forget(self.id);
-        }
-        let pieces = self.shared.ranges.take_owned(self.id);
+            self.shared.lending.forget(self.id, &self.shared.stats);
+            (
+                self.shared.ranges.take_owned(self.id),
+                self.shared.ranges.take_left(self.id),
+            )
+        };
         let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
         if self.owned {
             // Unregister first: after it, munmap raises no UNMAP event for our handler to wait
-            // on. Then the whole region goes, not only the pieces still in the table: a span
-            // handed back to the kernel (random access, a starved stream) left the table but
-            // is the region's memory all the same (it leaked before 2026-11-25).
-            if let Some(u) = uffd.as_ref() {
-                for r in &pieces {
+            // on. Pieces the program unmapped itself are no longer in the table, and what it
+            // moved elsewhere with mremap is no longer here: only the pieces in the table go,
+            // and the spans handed back or lent to the kernel, which left the table but are
+            // the region's all the same (they stayed mapped for good before 2026-11-25).
+            for r in &pieces {
+                if let Some(u) = uffd.as_ref() {
                     let _ = u.unregister(r.start, r.end() - r.start);
                 }
+                // SAFETY: the engine mapped this Region (`owned`), and the Region is dropped.
+                let _ = unsafe { mman::unmap(r.start, r.end() - r.start) };
             }
-            // SAFETY: the engine mapped this Region (`owned`), which owns all of
-            // `[addr, addr + len)` until now, and the Region is dropped.
-            let _ = unsafe { mman::unmap(self.addr, self.len) };
+            for (a, b) in left {
+                // SAFETY: as above: the region's, unregistered when it left the table.
+                let _ = unsafe { mman::unmap(a, b - a) };
+            }
         } else if let Some(u) = uffd.as_ref() {
             for r in &pieces {
                 let _ = u.unregister(r.start, r.end() - r.start);

@@ -213,6 +213,13 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) partials: u64,
     /// After a slow staging populate, no staging until then (see [`crate::thp::STAGE_SLOW`]).
     pub(crate) stage_rests_until: Option<Instant>,
+    /// When this handler last populated its staging PMD, and the CPU time the kernel took to
+    /// make that huge page (thread time: a handler preempted on a busy machine is not a slow
+    /// kernel; a guest stalled on its host is): the kernel's own huge-page fault costs the
+    /// same right now (lending weighs it, see handback.rs).
+    pub(crate) last_populate: Option<(Instant, Duration)>,
+    /// This thread's CPU clock.
+    pub(crate) cpu_clock: ThreadClock,
     /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
     pub(crate) pieces: Vec<(usize, usize, bool)>,
     /// The page of the fault being served: an install never refuses the span holding it.
@@ -292,6 +299,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
             stage,
             partials: 0,
             stage_rests_until: None,
+            last_populate: None,
+            cpu_clock: ThreadClock::current(),
             pieces: Vec::new(),
             fault_page: 0,
             mapping: None,

@@ -57,7 +57,10 @@ impl<K: Kernel> Handler<'_, K> {
         }
         Stats::add(if write { &stats.write_faults } else { &stats.read_faults }, 1);
         self.faults_seen += 1;
-        self.shared.lending.faulters.note(tid);
+        if write {
+            // Threads writing fresh memory: what lending weighs against the producers.
+            self.shared.lending.faulters.note(tid);
+        }
         if self.opts.panic_after != 0 && self.faults_seen == self.opts.panic_after && self.index == 0 {
             panic!(
                 "zerofault: ZEROFAULT_PANIC_AFTER={} reached (testing fail-open)",
@@ -225,8 +228,9 @@ impl<K: Kernel> Handler<'_, K> {
             && self.stage.is_some()
             && self.home_pool().is_some_and(|p| p.huge.is_some())
             && next_pmd < range.end()
-            && !range.pmds.has_table(next_pmd);
-        if lendable && self.shared.lending.starved(end - first, ready) && self.lend(range, page_addr) {
+            && !range.pmds.has_table(next_pmd)
+            && self.kernel_makes_huge_pages_fast();
+        if lendable && self.shared.lending.starved(range, end - first, ready) && self.lend(range, page_addr) {
             self.wake(page_addr);
             return None;
         }

@@ -358,28 +358,128 @@ pub(crate) fn anonymous_private(addr: usize, len: usize) -> bool {
     at >= end
 }
 
-/// Calls `each` with the start of every PMD of `[addr, addr + len)` (clipped to it) where a
-/// page is present or swapped out (/proc/self/pagemap, bits 63 and 62): where the kernel put a
-/// page table or a huge page. `Err` when pagemap cannot be read (then nothing is known).
+/// Calls `each(start, len)` for every PMD of `[addr, addr + len)` (clipped to it) where a page
+/// is present or swapped out: where the kernel put a page table or a huge page. Asks the
+/// kernel for the populated runs only (`PAGEMAP_SCAN`, Linux 6.7), so that a sparse terabyte
+/// costs a few calls; reads /proc/self/pagemap PMD by PMD where that ioctl is missing. `Err`
+/// when neither works (then nothing is known).
 pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize, usize)) -> std::io::Result<()> {
-    use std::os::unix::fs::FileExt;
-    const PRESENT_OR_SWAPPED: u64 = 3 << 62;
     let f = std::fs::File::open("/proc/self/pagemap")?;
     let end = addr.saturating_add(len);
+    // Each PMD once, in address order, though runs may share one.
+    let mut last = None;
+    let mut pmds_of = |a: usize, b: usize| {
+        let mut at = a.max(addr);
+        while at < b.min(end) {
+            let pmd = at / PMD_SIZE * PMD_SIZE;
+            if last != Some(pmd) {
+                last = Some(pmd);
+                each(pmd.max(addr), (pmd + PMD_SIZE).min(end) - pmd.max(addr));
+            }
+            at = pmd + PMD_SIZE;
+        }
+    };
+    match pagemap_scan(&f, addr, end, &mut pmds_of) {
+        Err(e) if e.raw_os_error() == Some(libc::ENOTTY) || e.raw_os_error() == Some(libc::EINVAL) => {}
+        r => return r,
+    }
+    use std::os::unix::fs::FileExt;
+    const PRESENT_OR_SWAPPED: u64 = 3 << 62;
     let mut buf = [0u8; 8 * (PMD_SIZE / PAGE_SIZE)];
     let mut at = addr;
     while at < end {
-        let next = ((at / PMD_SIZE) + 1) * PMD_SIZE;
-        let to = next.min(end);
+        let to = ((at / PMD_SIZE) + 1) * PMD_SIZE;
+        let to = to.min(end);
         let n = (to - at) / PAGE_SIZE * 8;
         f.read_exact_at(&mut buf[..n], (at / PAGE_SIZE * 8) as u64)?;
         let any = buf[..n]
             .chunks_exact(8)
             .any(|e| u64::from_ne_bytes(e.try_into().unwrap_or_default()) & PRESENT_OR_SWAPPED != 0);
         if any {
-            each(at, to - at);
+            pmds_of(at, to);
         }
         at = to;
+    }
+    Ok(())
+}
+
+/// `PAGEMAP_SCAN` (include/uapi/linux/fs.h): the runs of `[addr, end)` whose pages are present
+/// or swapped, passed to `run(start, end)`.
+pub(crate) fn pagemap_scan(
+    f: &std::fs::File,
+    addr: usize,
+    end: usize,
+    run: &mut impl FnMut(usize, usize),
+) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    #[repr(C)]
+    #[derive(Clone, Copy, Default)]
+    struct PageRegion {
+        start: u64,
+        end: u64,
+        categories: u64,
+    }
+    #[repr(C)]
+    struct ScanArg {
+        size: u64,
+        flags: u64,
+        start: u64,
+        end: u64,
+        walk_end: u64,
+        vec: u64,
+        vec_len: u64,
+        max_pages: u64,
+        category_inverted: u64,
+        category_mask: u64,
+        category_anyof_mask: u64,
+        return_mask: u64,
+    }
+    const PAGE_IS_PRESENT: u64 = 1 << 3;
+    const PAGE_IS_SWAPPED: u64 = 1 << 4;
+    // _IOWR('f', 16, struct pm_scan_arg): read and write, size 96.
+    const PAGEMAP_SCAN: libc::c_ulong =
+        (3 << 30) | ((std::mem::size_of::<ScanArg>() as libc::c_ulong) << 16) | ((b'f' as libc::c_ulong) << 8) | 16;
+    let mut regions = [PageRegion::default(); 64];
+    let mut at = addr;
+    while at < end {
+        let mut arg = ScanArg {
+            size: std::mem::size_of::<ScanArg>() as u64,
+            flags: 0,
+            start: at as u64,
+            end: end as u64,
+            walk_end: 0,
+            vec: regions.as_mut_ptr() as u64,
+            vec_len: regions.len() as u64,
+            max_pages: 0,
+            category_inverted: 0,
+            category_mask: 0,
+            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+        };
+        // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len` regions into
+        // `regions`, which outlives the call; it changes no mapping (no write-protect flags).
+        let n = unsafe {
+            raw::call(
+                libc::SYS_ioctl,
+                [
+                    raw::int_arg(f.as_raw_fd()),
+                    raw::ulong_arg(PAGEMAP_SCAN),
+                    &mut arg as *mut ScanArg as usize,
+                    0,
+                    0,
+                    0,
+                ],
+            )
+        }
+        .map_err(|e| e.to_io())?;
+        for r in &regions[..n.min(regions.len())] {
+            run(crate::page::index(r.start), crate::page::index(r.end));
+        }
+        let walked = crate::page::index(arg.walk_end);
+        if walked <= at {
+            break;
+        }
+        at = walked;
     }
     Ok(())
 }
