@@ -560,6 +560,7 @@ impl Engine {
     /// it is on, a write fault takes whole huge pages, as the kernel would give it.
     pub fn set_huge(&self, addr: usize, len: usize, on: bool) {
         self.shared.ranges.set_huge(addr, addr.saturating_add(len), on);
+        self.shared.lending.advise(addr, addr.saturating_add(len), on);
     }
 
     /// Whether any page of `[addr, addr + len)` lies in memory the engine serves.

@@ -111,6 +111,8 @@ pub(crate) const LEND_POPULATE_WITHIN: Duration = Duration::from_secs(1);
 pub(crate) const RETAKE_AFTER: Duration = Duration::from_millis(100);
 /// The longest loan before the engine looks again.
 pub(crate) const RETAKE_MAX: Duration = Duration::from_secs(10);
+/// The most of a program's mapping (no Region to take it back) lent at once, from the fault on.
+const LEND_FOR_GOOD_MAX: usize = 1 << 30;
 /// Loans outstanding at once; a starved range finds no room beyond them and stays served.
 const LOANS: usize = 16;
 /// Slots of the recent-faulters table: distinct threads counted at most.
@@ -216,6 +218,9 @@ pub(crate) struct Lending {
     loans: Mutex<Vec<Loan>>,
     /// `loans.len()`, read without the lock.
     outstanding: AtomicUsize,
+    /// When the first loan is due, in `faulters`' nanoseconds (`u64::MAX`: none): an idle
+    /// handler looks without taking a lock.
+    next_due: AtomicU64,
 }
 
 impl Lending {
@@ -225,6 +230,7 @@ impl Lending {
             at,
             loans: Mutex::new(Vec::with_capacity(LOANS)),
             outstanding: AtomicUsize::new(0),
+            next_due: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -254,6 +260,52 @@ impl Lending {
         self.outstanding.load(Relaxed) > 0
     }
 
+    /// The program's huge-page advice for `[a, b)` changed (`Engine::set_huge`): a loan there
+    /// gives it back with that advice, not the advice it had when lent.
+    pub(crate) fn advise(&self, a: usize, b: usize, on: bool) {
+        if !self.any() {
+            return;
+        }
+        let mut loans = self.loans();
+        for l in loans.iter_mut().filter(|l| l.start < b && a < l.start + l.len) {
+            // Whole PMDs of both, as the engine's record of advice keeps them.
+            let (x, y) = (
+                a.max(l.start).next_multiple_of(PMD_SIZE),
+                b.min(l.start + l.len) / PMD_SIZE * PMD_SIZE,
+            );
+            if x >= y {
+                continue;
+            }
+            let mut runs = Vec::with_capacity(l.huge.len() + 2);
+            for &(p, q) in &l.huge {
+                if p < x {
+                    runs.push((p, q.min(x)));
+                }
+                if q > y {
+                    runs.push((p.max(y), q));
+                }
+            }
+            if on {
+                runs.push((x, y));
+            }
+            runs.sort_unstable();
+            l.huge = runs;
+        }
+    }
+
+    /// When `loan` is due, in `faulters`' nanoseconds.
+    fn due_ns(&self, loan: &Loan) -> u64 {
+        let at = loan.since.saturating_duration_since(self.faulters.epoch) + loan_length(loan.times);
+        u64::try_from(at.as_nanos()).unwrap_or(u64::MAX - 1) + 1
+    }
+
+    /// `loans` changed: the next due time, and the count.
+    fn loans_changed(&self, loans: &[Loan]) {
+        let next = loans.iter().map(|l| self.due_ns(l)).min().unwrap_or(u64::MAX);
+        self.next_due.store(next, Relaxed);
+        self.outstanding.store(loans.len(), Relaxed);
+    }
+
     fn loans(&self) -> std::sync::MutexGuard<'_, Vec<Loan>> {
         self.loans.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -265,7 +317,7 @@ impl Lending {
         let before = loans.len();
         loans.retain(|l| l.owner != Some(owner));
         Stats::add(&stats.retakes_dropped, (before - loans.len()) as u64);
-        self.outstanding.store(loans.len(), Relaxed);
+        self.loans_changed(&loans);
     }
 }
 
@@ -339,8 +391,15 @@ impl<K: Kernel> Handler<'_, K> {
             while lo >= range.start + PMD_SIZE && range.pmds.wants_huge(lo - PMD_SIZE) {
                 lo -= PMD_SIZE;
             }
+            // Lent for good (no owner) goes at most a GiB past the fault: under THP `always`
+            // the shim takes a whole reservation for advised.
+            let cap = if range.owner.is_some() {
+                usize::MAX
+            } else {
+                pmd_start(page_addr) + LEND_FOR_GOOD_MAX
+            };
             let mut hi = pmd_start(page_addr) + PMD_SIZE;
-            while hi < range.end() && range.pmds.wants_huge(hi) {
+            while hi < range.end().min(cap) && range.pmds.wants_huge(hi) {
                 hi += PMD_SIZE;
             }
             (lo.max(range.start), hi.min(range.end()))
@@ -394,7 +453,7 @@ impl<K: Kernel> Handler<'_, K> {
                 times: range.loans.load(Relaxed),
                 since: Instant::now(),
             });
-            lending.outstanding.store(loans.len(), Relaxed);
+            lending.loans_changed(&loans);
         }
         range.starved.store(0, Relaxed);
         Stats::add(&self.stats().lends, 1);
@@ -407,7 +466,10 @@ impl<K: Kernel> Handler<'_, K> {
     pub(crate) fn retake(&mut self) {
         let shared = self.shared;
         let lending = &shared.lending;
-        if !lending.any() || self.ready_pages() < pages(self.opts.scrub_stop) / 2 {
+        if !lending.any()
+            || lending.faulters.now() < lending.next_due.load(Relaxed)
+            || self.ready_pages() < pages(self.opts.scrub_stop) / 2
+        {
             return;
         }
         let now = Instant::now();
@@ -433,7 +495,7 @@ impl<K: Kernel> Handler<'_, K> {
                 1,
             );
         }
-        lending.outstanding.store(loans.len(), Relaxed);
+        lending.loans_changed(&loans);
     }
 }
 
@@ -466,7 +528,7 @@ impl Shared {
                 1,
             );
         }
-        self.lending.outstanding.store(loans.len(), Relaxed);
+        self.lending.loans_changed(&loans);
     }
 }
 
@@ -509,7 +571,16 @@ fn take_back(shared: &Shared, k: &impl Kernel, loan: &Loan) -> Result<bool, crat
     // registration lock), the engine's to serve until the loan: its missing pages read zero,
     // as the engine fills them.
     if let Err(e) = unsafe { k.register(start, len) } {
+        // Still the kernel's, and still the Region's: back in `left` for its drop, with the
+        // advice of the loan (the kernel's faults there take huge pages as they did).
         shared.ranges.remove(&r);
+        if let Some(owner) = loan.owner {
+            shared.ranges.leave(owner, start, start + len);
+        }
+        if loan.own_advice {
+            // SAFETY: as in `restore_advice`.
+            let _ = unsafe { mman::madvise(start, len, mman::MADV_HUGEPAGE) };
+        }
         return Err(e);
     }
     Ok(true)
@@ -638,6 +709,53 @@ mod tests {
     }
 
     #[test]
+    fn advice_the_program_gives_during_a_loan_comes_back_with_it() {
+        let pmd = PMD_SIZE;
+        let l = Lending::new(Some(2));
+        let loan = |start, len, huge| Loan {
+            start,
+            len,
+            owner: Some(1),
+            own_advice: true,
+            huge,
+            times: 0,
+            since: Instant::now(),
+        };
+        {
+            let mut loans = l.loans();
+            loans.push(loan(16 * pmd, 8 * pmd, vec![(17 * pmd, 19 * pmd)]));
+            loans.push(loan(64 * pmd, 4 * pmd, vec![]));
+            l.loans_changed(&loans);
+        }
+        // MADV_HUGEPAGE over the end of the first loan and past it, from mid-PMD: whole PMDs.
+        l.advise(21 * pmd + 4096, 30 * pmd, true);
+        // MADV_NOHUGEPAGE over part of the advised run.
+        l.advise(18 * pmd, 19 * pmd, false);
+        // Advice elsewhere touches no loan.
+        l.advise(40 * pmd, 50 * pmd, true);
+        let loans = l.loans();
+        assert_eq!(loans[0].huge, [(17 * pmd, 18 * pmd), (22 * pmd, 24 * pmd)]);
+        assert!(loans[1].huge.is_empty());
+    }
+
+    #[test]
+    fn a_huge_page_is_told_from_4_kib_pages() {
+        let pmd = PMD_SIZE;
+        for (thp, huge) in [(mman::Thp::Always, true), (mman::Thp::Never, false)] {
+            let m = mman::Mapping::new(pmd, thp).unwrap();
+            m.populate().unwrap();
+            // Under THP `never` (or memory too fragmented) no huge page: the answer is false.
+            let never = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled")
+                .is_ok_and(|s| s.contains("[never]"));
+            assert_eq!(
+                mman::huge_mapped(m.as_ptr() as usize).unwrap(),
+                huge && !never,
+                "{thp:?}"
+            );
+        }
+    }
+
+    #[test]
     fn each_loan_of_a_place_lasts_twice_the_last_up_to_10_s() {
         assert_eq!(loan_length(0), Duration::from_millis(100));
         assert_eq!(loan_length(1), Duration::from_millis(200));
@@ -736,6 +854,10 @@ mod tests {
         let pmd = crate::page::PMD_SIZE;
         let rw = libc::PROT_READ | libc::PROT_WRITE;
         let a = mman::map_aligned(8 * pmd, pmd, rw, false).unwrap();
+        // 4 KiB pages whatever the machine's THP setting (under `always` a touch would map a
+        // whole huge page, and the runs would be PMDs).
+        // SAFETY: our fresh mapping; advice changes no content.
+        unsafe { mman::madvise(a, 8 * pmd, mman::MADV_NOHUGEPAGE) }.unwrap();
         for at in [a + pmd + 5 * crate::page::PAGE_SIZE, a + 3 * pmd, a + 8 * pmd - 1] {
             // SAFETY: inside our fresh mapping.
             unsafe { (at as *mut u8).write_volatile(1) };

@@ -142,6 +142,25 @@ impl Table {
         r
     }
 
+    /// `[start, end)` is no longer in `left`: registered again, or unmapped or moved away by
+    /// the program (an UNMAP or REMAP event covers the whole span of the call).
+    fn trim_left(&mut self, start: usize, end: usize) {
+        let mut kept = Vec::with_capacity(self.left.len());
+        for &(o, a, b) in &self.left {
+            if a < end && start < b {
+                if a < start {
+                    kept.push((o, a, start));
+                }
+                if end < b {
+                    kept.push((o, end, b));
+                }
+            } else {
+                kept.push((o, a, b));
+            }
+        }
+        self.left = kept;
+    }
+
     /// Ranges overlapping `[start, end)` registered at or before `upto` (all when `None`).
     fn overlapping(&self, start: usize, end: usize, upto: Option<u64>) -> Vec<Arc<Range>> {
         let first = self
@@ -258,20 +277,7 @@ impl RangeTable {
         let end = start + bytes(pages);
         t.cut(start, end, None);
         // Registered again (a loan taken back): the table holds it, not `left`.
-        let mut kept = Vec::new();
-        for &(o, a, b) in &t.left {
-            if a < end && start < b {
-                if a < start {
-                    kept.push((o, a, start));
-                }
-                if end < b {
-                    kept.push((o, end, b));
-                }
-            } else {
-                kept.push((o, a, b));
-            }
-        }
-        t.left = kept;
+        t.trim_left(start, end);
         t.new_range(start, PageMap::new(pages), PmdMap::new(start, pages), owner)
     }
 
@@ -318,13 +324,24 @@ impl RangeTable {
 
     /// UFFD_EVENT_UNMAP: `[start, end)` is gone. Returns page states cleared.
     pub(crate) fn unmap(&self, start: usize, end: usize, upto: u64) -> u64 {
-        self.write().cut(start, end, Some(upto)).0
+        let mut t = self.write();
+        // A span that left the table inside the call went with it: a Region's drop must not
+        // unmap whatever is mapped there later.
+        t.trim_left(start, end);
+        let (cleared, pieces) = t.cut(start, end, Some(upto));
+        // The ranges cut go (their page maps unmapped) before the table is readable again:
+        // one that reads the table empty finds their memory returned.
+        drop(pieces);
+        drop(t);
+        cleared
     }
 
     /// UFFD_EVENT_REMAP: `len` bytes moved from `from` to `to`, page tables and registration
     /// with them. The destination becomes a range of its own, owned by nobody.
     pub(crate) fn remap(&self, from: usize, to: usize, len: usize, upto: u64) {
         let mut t = self.write();
+        t.trim_left(from, from + len);
+        t.trim_left(to, to + len);
         let (_, pieces) = t.cut(from, from + len, Some(upto));
         t.cut(to, to + len, None);
         for (r, first, pages) in pieces {
@@ -342,6 +359,11 @@ impl RangeTable {
         if t.by_start.get(&r.start).is_some_and(|x| x.id == r.id) {
             t.by_start.remove(&r.start);
         }
+    }
+
+    /// `[start, end)` of `owner`'s memory is out of the table again (a take-back that failed).
+    pub(crate) fn leave(&self, owner: u64, start: usize, end: usize) {
+        self.write().left.push((owner, start, end));
     }
 
     /// Removes and returns the spans of `owner`'s memory that left the table unregistered
@@ -509,6 +531,28 @@ impl Drop for Region {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_that_left_the_table_are_the_owners_until_unmapped_moved_or_registered_again() {
+        const M: usize = PMD_SIZE;
+        let t = RangeTable::default();
+        t.insert(100 * M, pages(10 * M), Some(7));
+        t.insert(200 * M, pages(10 * M), None);
+        t.drop_span(102 * M, 104 * M); // Region 7's
+        t.drop_span(106 * M, 108 * M);
+        t.drop_span(202 * M, 204 * M); // nobody's: not remembered
+                                       // A take-back registers part of one again.
+        t.insert(103 * M, pages(M), Some(7));
+        // The program unmaps part of the other (its UNMAP event covers the call's span).
+        t.unmap(107 * M, 120 * M, u64::MAX);
+        assert_eq!(t.take_left(7), [(102 * M, 103 * M), (106 * M, 107 * M)]);
+        assert!(t.take_left(7).is_empty(), "taken once");
+        // Moved away with mremap: gone from the source.
+        t.insert(300 * M, pages(4 * M), Some(8));
+        t.drop_span(300 * M, 302 * M);
+        t.remap(301 * M, 400 * M, M, u64::MAX);
+        assert_eq!(t.take_left(8), [(300 * M, 301 * M)]);
+    }
 
     #[test]
     fn a_region_may_be_sent_and_shared_between_threads() {

@@ -246,13 +246,19 @@ impl<K: Kernel> Handler<'_, K> {
         if let Some(m) = self.interleave {
             self.prefer_node(crate::nodes::interleave_node(&m, dst, 9));
         }
-        let cpu0 = self.cpu_clock.read();
+        let (t0, delay0) = (Instant::now(), self.run_delay());
         let populated = stage.populate();
-        // The handler's CPU time, not the wall clock: preempted on a busy machine (two
-        // threads writing on two CPUs), a 0.3 ms populate took 4 ms of wall and sent the
-        // handler to 4 KiB copies for a second (52,735 pages copied of 65,536 in one test run).
-        let took = self.cpu_clock.read().saturating_sub(cpu0);
-        if populated.is_ok() {
+        // Wall time less the time spent runnable but not running: preempted on a busy machine
+        // (two threads writing on two CPUs), a 0.3 ms populate took 4 ms of wall and sent the
+        // handler to 4 KiB copies for a second (52,735 pages copied of 65,536 in one test
+        // run). Time asleep in reclaim or compaction, or a guest stalled on its host, counts.
+        let took = match (delay0, self.run_delay()) {
+            (Some(a), Some(b)) => t0.elapsed().saturating_sub(Duration::from_nanos(b.saturating_sub(a))),
+            _ => t0.elapsed(),
+        };
+        // Lending weighs the kernel's huge pages: a populate that fell back to 4 KiB pages
+        // (fast, with defrag off) says nothing of them.
+        if populated.is_ok() && mman::huge_mapped(addr).unwrap_or(false) {
             self.last_populate = Some((Instant::now(), took));
         }
         if took > STAGE_SLOW {
@@ -287,6 +293,20 @@ impl<K: Kernel> Handler<'_, K> {
             at: p.done,
             why: p.errno.map_or(Stop::NoHugePage, Stop::Kernel),
         })
+    }
+
+    /// This thread's run delay so far (nanoseconds runnable but not running, the second field
+    /// of /proc/thread-self/schedstat); `None` without schedstats.
+    fn run_delay(&self) -> Option<u64> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = [0u8; 64];
+        let n = self.schedstat.as_ref()?.read_at(&mut buf, 0).ok()?;
+        std::str::from_utf8(&buf[..n])
+            .ok()?
+            .split_whitespace()
+            .nth(1)?
+            .parse()
+            .ok()
     }
 
     /// A whole-PMD install went irregular at byte `off` of `[dst, dst + len)`: mark its PMDs

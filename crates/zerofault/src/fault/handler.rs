@@ -213,13 +213,13 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) partials: u64,
     /// After a slow staging populate, no staging until then (see [`crate::thp::STAGE_SLOW`]).
     pub(crate) stage_rests_until: Option<Instant>,
-    /// When this handler last populated its staging PMD, and the CPU time the kernel took to
-    /// make that huge page (thread time: a handler preempted on a busy machine is not a slow
-    /// kernel; a guest stalled on its host is): the kernel's own huge-page fault costs the
-    /// same right now (lending weighs it, see handback.rs).
+    /// When this handler last populated its staging PMD with a huge page, and how long the
+    /// kernel took to make it (see `thp::Handler::populate_time`): the kernel's own huge-page
+    /// fault costs the same right now (lending weighs it, see handback.rs).
     pub(crate) last_populate: Option<(Instant, Duration)>,
-    /// This thread's CPU clock.
-    pub(crate) cpu_clock: ThreadClock,
+    /// This thread's /proc/thread-self/schedstat (its run delay: time spent runnable, not
+    /// running), opened on the thread that handles.
+    pub(crate) schedstat: Option<std::fs::File>,
     /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
     pub(crate) pieces: Vec<(usize, usize, bool)>,
     /// The page of the fault being served: an install never refuses the span holding it.
@@ -300,7 +300,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
             partials: 0,
             stage_rests_until: None,
             last_populate: None,
-            cpu_clock: ThreadClock::current(),
+            schedstat: std::fs::File::open("/proc/thread-self/schedstat").ok(),
             pieces: Vec::new(),
             fault_page: 0,
             mapping: None,

@@ -223,14 +223,17 @@ impl<K: Kernel> Handler<'_, K> {
         // kernel would make one; a PMD with a table (memory discarded after a loan, say) takes
         // 4 KiB pages from either.
         let next_pmd = pmd_start(page_addr) + PMD_SIZE;
-        let lendable = write
-            && self.can_move
-            && self.stage.is_some()
-            && self.home_pool().is_some_and(|p| p.huge.is_some())
+        let huge_pool = self.can_move && self.stage.is_some() && self.home_pool().is_some_and(|p| p.huge.is_some());
+        // Counted for every write window (in a row means in a row); lent only where the
+        // kernel would take huge pages, and makes them fast now.
+        if write
+            && huge_pool
+            && self.shared.lending.starved(range, end - first, ready)
             && next_pmd < range.end()
             && !range.pmds.has_table(next_pmd)
-            && self.kernel_makes_huge_pages_fast();
-        if lendable && self.shared.lending.starved(range, end - first, ready) && self.lend(range, page_addr) {
+            && self.kernel_makes_huge_pages_fast()
+            && self.lend(range, page_addr)
+        {
             self.wake(page_addr);
             return None;
         }

@@ -403,12 +403,40 @@ pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize
     Ok(())
 }
 
+/// Whether the PMD at `addr` (PMD aligned) is mapped by one huge page (`PAGEMAP_SCAN`'s
+/// `PAGE_IS_HUGE` over all of it).
+pub(crate) fn huge_mapped(addr: usize) -> std::io::Result<bool> {
+    let f = std::fs::File::open("/proc/self/pagemap")?;
+    let mut whole = false;
+    scan(&f, addr, addr + PMD_SIZE, PAGE_IS_HUGE, PAGE_IS_HUGE, &mut |a, b| {
+        whole |= a <= addr && b >= addr + PMD_SIZE;
+    })?;
+    Ok(whole)
+}
+
+const PAGE_IS_PRESENT: u64 = 1 << 3;
+const PAGE_IS_SWAPPED: u64 = 1 << 4;
+const PAGE_IS_HUGE: u64 = 1 << 6;
+
 /// `PAGEMAP_SCAN` (include/uapi/linux/fs.h): the runs of `[addr, end)` whose pages are present
 /// or swapped, passed to `run(start, end)`.
 pub(crate) fn pagemap_scan(
     f: &std::fs::File,
     addr: usize,
     end: usize,
+    run: &mut impl FnMut(usize, usize),
+) -> std::io::Result<()> {
+    scan(f, addr, end, PAGE_IS_PRESENT | PAGE_IS_SWAPPED, 0, run)
+}
+
+/// `PAGEMAP_SCAN` of `[addr, end)`: the runs with any of the categories `anyof` and all of
+/// `all`, passed to `run(start, end)`.
+fn scan(
+    f: &std::fs::File,
+    addr: usize,
+    end: usize,
+    anyof: u64,
+    all: u64,
     run: &mut impl FnMut(usize, usize),
 ) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
@@ -434,8 +462,6 @@ pub(crate) fn pagemap_scan(
         category_anyof_mask: u64,
         return_mask: u64,
     }
-    const PAGE_IS_PRESENT: u64 = 1 << 3;
-    const PAGE_IS_SWAPPED: u64 = 1 << 4;
     // _IOWR('f', 16, struct pm_scan_arg): read and write, size 96.
     const PAGEMAP_SCAN: libc::c_ulong =
         (3 << 30) | ((std::mem::size_of::<ScanArg>() as libc::c_ulong) << 16) | ((b'f' as libc::c_ulong) << 8) | 16;
@@ -452,9 +478,9 @@ pub(crate) fn pagemap_scan(
             vec_len: regions.len() as u64,
             max_pages: 0,
             category_inverted: 0,
-            category_mask: 0,
-            category_anyof_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
-            return_mask: PAGE_IS_PRESENT | PAGE_IS_SWAPPED,
+            category_mask: all,
+            category_anyof_mask: anyof,
+            return_mask: anyof | all,
         };
         // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len` regions into
         // `regions`, which outlives the call; it changes no mapping (no write-protect flags).
@@ -477,7 +503,8 @@ pub(crate) fn pagemap_scan(
         }
         let walked = crate::page::index(arg.walk_end);
         if walked <= at {
-            break;
+            // No progress: what is left is unknown, which the caller must not take for empty.
+            return Err(std::io::Error::from_raw_os_error(libc::EIO));
         }
         at = walked;
     }
