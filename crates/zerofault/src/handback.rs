@@ -99,13 +99,7 @@ pub(crate) const STARVED_WINDOWS: u32 = 8;
 /// A thread counts as faulting for this long after its last fault (a cold window of 8 MiB
 /// takes 1.5-4 ms to make here).
 pub(crate) const ACTIVE_WITHIN: Duration = Duration::from_millis(10);
-/// A staging populate at most this long (2 MiB) says the kernel makes huge pages fast now:
-/// 0.2-0.5 ms here when memory was in use lately; 2-8 ms from memory the guest returned to
-/// its host (free page reporting), where the kernel's own huge-page faults are as slow
-/// (`thp` 1-thread runs of 0.12-2.3 s a GiB), and the engine, copying 4 KiB pages instead
-/// (see thp.rs `STAGE_SLOW`), is the faster one.
-pub(crate) const LEND_POPULATE_MAX: Duration = Duration::from_millis(1);
-/// How recent that populate must be.
+/// How recent the staging populate that lending weighs (`lend_populate_max`) must be.
 pub(crate) const LEND_POPULATE_WITHIN: Duration = Duration::from_secs(1);
 /// The shortest loan; each later loan of the same place lasts twice as long as the last.
 pub(crate) const RETAKE_AFTER: Duration = Duration::from_millis(100);
@@ -357,11 +351,11 @@ impl<K: Kernel> Handler<'_, K> {
     }
 
     /// Whether the kernel makes huge pages fast right now: this handler's last staging
-    /// populate, within the last second, took at most [`LEND_POPULATE_MAX`]. No recent
+    /// populate, within the last second, took at most `lend_populate_max`. No recent
     /// populate: nothing known, no loan.
     pub(crate) fn kernel_makes_huge_pages_fast(&self) -> bool {
         self.last_populate
-            .is_some_and(|(at, took)| at.elapsed() <= LEND_POPULATE_WITHIN && took <= LEND_POPULATE_MAX)
+            .is_some_and(|(at, took)| at.elapsed() <= LEND_POPULATE_WITHIN && took <= self.opts.lend_populate_max)
     }
 
     /// Lends `range` to the kernel, the engine being starved (see the module doc); true when

@@ -466,6 +466,12 @@ options! {
     /// threads that outrun the engine's producers (handlers and scrubs, at most one per CPU)
     /// making each page at 1.6 times the kernel's CPU cost (docs/SCALING.md). `off`: never.
     lend_threads: Lend = "auto",
+    /// Lending waits for the kernel to make huge pages fast: the handler's last staging
+    /// populate (one 2 MiB huge page, within the last second) took at most this long (wall
+    /// time less time spent runnable). 0.2-0.5 ms when memory was in use lately; 2-8 ms from
+    /// memory a virtual machine's host took back, where the kernel's own huge-page faults are
+    /// as slow and the engine stays the faster one.
+    lend_populate_max: Millis = "1ms",
     /// Testing only: the (first) fault handler panics on this fault event of its own (0 =
     /// never), to exercise fail-open.
     panic_after: Count = "0",

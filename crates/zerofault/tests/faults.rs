@@ -1090,10 +1090,6 @@ fn starved_streams_lend_their_region_to_the_kernel_and_it_comes_back() {
         stream_advised(e, threads, false)
     }
     fn stream_advised(e: &Engine, threads: usize, advise: bool) -> (Region, zerofault::Snapshot) {
-        // Lending waits for the kernel to make huge pages fast (handback.rs), which it does
-        // not from memory this guest returned to its host a while ago (a fresh CI machine):
-        // huge pages made and freed just now make it so.
-        drop(mman::Mapping::new(512 * MIB, mman::Thp::Always).and_then(|m| m.populate()));
         let mut r = e.map(256 * MIB).unwrap();
         if advise {
             // SAFETY: advice on our region changes no content.
@@ -1129,20 +1125,29 @@ fn starved_streams_lend_their_region_to_the_kernel_and_it_comes_back() {
         }
         (r, e.stats())
     }
-    // A pool of 8 MiB: every max_order window (8 MiB) finds the huge ring short.
-    let small = [("pool_max", "8M"), ("scrub_start", "4M"), ("scrub_stop", "8M")];
+    // A pool of 8 MiB: every max_order window (8 MiB) finds the huge ring short. Lending waits
+    // for the kernel to make huge pages fast (`lend_populate_max`), which on a fresh machine
+    // (memory still the host's: CI saw 19 of 40 huge pages fail and every populate slow) it
+    // rightly does not: the test lets it lend on a populate of up to a second, to check the
+    // loan itself. (The rule's figures are docs/SCALING.md's.)
+    let small = [
+        ("pool_max", "8M"),
+        ("scrub_start", "4M"),
+        ("scrub_stop", "8M"),
+        ("lend_populate_max", "1s"),
+    ];
     let e = engine_with(&[small.as_slice(), &[("lend_threads", "2")]].concat());
     let (mut r, s) = stream(&e, 2);
     assert!(s.lends >= 1 && s.pages_lent >= 65536, "lent: {}", s.to_text());
-    // The kernel's own faults took huge pages there (the region advised for the loan): of
-    // its 256 MiB, at least half are huge pages, though the engine made few before
-    // it lent the region (4 KiB copies, or 2 MiB staging populates).
+    // The kernel's own faults took huge pages there (the region advised for the loan): more
+    // than the engine put in (huge pages moved or made) by at least 16 (32 MiB).
     let (addr, len) = (r.as_ptr() as usize, r.len());
     let huge: usize = smaps_field(addr, len, "AnonHugePages:")
         .iter()
         .map(|k| k.parse::<usize>().unwrap())
         .sum();
-    assert!(huge * 1024 >= 128 * MIB, "{huge} kB huge: {}", s.to_text());
+    let engines = (s.huge_moves + s.huge_made) as usize * 2 * MIB;
+    assert!(huge * 1024 >= engines + 32 * MIB, "{huge} kB huge: {}", s.to_text());
     // Advised huge while on loan (a slow run may have taken it back already).
     let flags = smaps_field(addr, len, "VmFlags:");
     if e.stats().retakes == 0 {
