@@ -1126,10 +1126,10 @@ fn starved_streams_lend_their_region_to_the_kernel_and_it_comes_back() {
         (r, e.stats())
     }
     // A pool of 8 MiB: every max_order window (8 MiB) finds the huge ring short. Lending waits
-    // for the kernel to make huge pages fast (`lend_populate_max`), which on a fresh machine
-    // (memory still the host's: CI saw 19 of 40 huge pages fail and every populate slow) it
-    // rightly does not: the test lets it lend on a populate of up to a second, to check the
-    // loan itself. (The rule's figures are docs/SCALING.md's.)
+    // for the kernel to make huge pages fast (`lend_populate_max`), which where memory is
+    // slow to come (a `.ci/run` here on 3200e63: 19 of 40 huge pages failed, the populates
+    // slow, nothing lent) it rightly does not: the test lets it lend on a populate of up to a
+    // second, to check the loan itself. (The rule's figures are docs/SCALING.md's.)
     let small = [
         ("pool_max", "8M"),
         ("scrub_start", "4M"),
