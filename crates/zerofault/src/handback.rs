@@ -31,7 +31,7 @@ use crate::fault::{Handler, Kernel};
 use crate::page::{bytes, pages, pmd_start, PMD_PAGES, PMD_SIZE};
 use crate::predict::Outcome;
 use crate::region::Range;
-use crate::stats::Stats;
+use crate::stats::{nanos, Stats};
 use crate::sys::mman;
 use crate::Shared;
 use std::sync::atomic::Ordering::{AcqRel, Relaxed};
@@ -171,10 +171,6 @@ impl Faulters {
         let since = now.saturating_sub(nanos(ACTIVE_WITHIN));
         self.at.iter().filter(|a| a.load(Relaxed) > since).count()
     }
-}
-
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A range lent to the kernel.

@@ -296,11 +296,17 @@ impl<K: Kernel> Handler<'_, K> {
     }
 
     /// This thread's run delay so far (nanoseconds runnable but not running, the second field
-    /// of /proc/thread-self/schedstat); `None` without schedstats.
+    /// of /proc/thread-self/schedstat); `None` without schedstats. Opened for each read: a
+    /// descriptor kept open is one a program that closes every descriptor it did not open
+    /// (a daemon starting up) would close under us, and its number reused for the program's
+    /// own file.
     fn run_delay(&self) -> Option<u64> {
-        use std::os::unix::fs::FileExt;
+        use std::io::Read;
         let mut buf = [0u8; 64];
-        let n = self.schedstat.as_ref()?.read_at(&mut buf, 0).ok()?;
+        let n = std::fs::File::open("/proc/thread-self/schedstat")
+            .ok()?
+            .read(&mut buf)
+            .ok()?;
         std::str::from_utf8(&buf[..n])
             .ok()?
             .split_whitespace()

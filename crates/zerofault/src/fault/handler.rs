@@ -214,12 +214,9 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// After a slow staging populate, no staging until then (see [`crate::thp::STAGE_SLOW`]).
     pub(crate) stage_rests_until: Option<Instant>,
     /// When this handler last populated its staging PMD with a huge page, and how long the
-    /// kernel took to make it (see `thp::Handler::populate_time`): the kernel's own huge-page
+    /// kernel took to make it (timed in `make_huge`, thp.rs): the kernel's own huge-page
     /// fault costs the same right now (lending weighs it, see handback.rs).
     pub(crate) last_populate: Option<(Instant, Duration)>,
-    /// This thread's /proc/thread-self/schedstat (its run delay: time spent runnable, not
-    /// running), opened on the thread that handles.
-    pub(crate) schedstat: Option<std::fs::File>,
     /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
     pub(crate) pieces: Vec<(usize, usize, bool)>,
     /// The page of the fault being served: an install never refuses the span holding it.
@@ -300,7 +297,6 @@ impl<'a, K: Kernel> Handler<'a, K> {
             partials: 0,
             stage_rests_until: None,
             last_populate: None,
-            schedstat: std::fs::File::open("/proc/thread-self/schedstat").ok(),
             pieces: Vec::new(),
             fault_page: 0,
             mapping: None,

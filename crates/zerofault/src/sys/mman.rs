@@ -360,9 +360,8 @@ pub(crate) fn anonymous_private(addr: usize, len: usize) -> bool {
 
 /// Calls `each(start, len)` for every PMD of `[addr, addr + len)` (clipped to it) where a page
 /// is present or swapped out: where the kernel put a page table or a huge page. Asks the
-/// kernel for the populated runs only (`PAGEMAP_SCAN`, Linux 6.7), so that a sparse terabyte
-/// costs a few calls; reads /proc/self/pagemap PMD by PMD where that ioctl is missing. `Err`
-/// when neither works (then nothing is known).
+/// kernel for the populated runs only (`PAGEMAP_SCAN`, Linux 6.7; this project needs 6.8), so
+/// that a sparse terabyte costs a few calls. `Err` when it fails (then nothing is known).
 pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize, usize)) -> std::io::Result<()> {
     let f = std::fs::File::open("/proc/self/pagemap")?;
     let end = addr.saturating_add(len);
@@ -379,28 +378,7 @@ pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize
             at = pmd + PMD_SIZE;
         }
     };
-    match pagemap_scan(&f, addr, end, &mut pmds_of) {
-        Err(e) if e.raw_os_error() == Some(libc::ENOTTY) || e.raw_os_error() == Some(libc::EINVAL) => {}
-        r => return r,
-    }
-    use std::os::unix::fs::FileExt;
-    const PRESENT_OR_SWAPPED: u64 = 3 << 62;
-    let mut buf = [0u8; 8 * (PMD_SIZE / PAGE_SIZE)];
-    let mut at = addr;
-    while at < end {
-        let to = ((at / PMD_SIZE) + 1) * PMD_SIZE;
-        let to = to.min(end);
-        let n = (to - at) / PAGE_SIZE * 8;
-        f.read_exact_at(&mut buf[..n], (at / PAGE_SIZE * 8) as u64)?;
-        let any = buf[..n]
-            .chunks_exact(8)
-            .any(|e| u64::from_ne_bytes(e.try_into().unwrap_or_default()) & PRESENT_OR_SWAPPED != 0);
-        if any {
-            pmds_of(at, to);
-        }
-        at = to;
-    }
-    Ok(())
+    pagemap_scan(&f, addr, end, &mut pmds_of)
 }
 
 /// Whether the PMD at `addr` (PMD aligned) is mapped by one huge page (`PAGEMAP_SCAN`'s
