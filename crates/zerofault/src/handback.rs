@@ -42,31 +42,73 @@ use std::time::{Duration, Instant};
 /// Pages per miss above which a second hand-back from one range returns all of it.
 const SPARSE_PAGES_PER_MISS: u64 = 64 * PMD_PAGES;
 
+/// Misses this far apart, each from the one before, are scattered ones (see [`MissRun`]): a
+/// sequential writer that stumbles (a stride change, another thread's window in its way) faults
+/// again within its window, 32 MiB at most, or keeps faulting near one place. 4 PMDs: random
+/// faults over a 1 GiB region land this far apart 98% of the time.
+const SCATTER_PAGES: u64 = 4 * PMD_PAGES;
+
 /// Unpredicted faults in a row in one region, and where they fell.
+///
+/// After `limit` misses in a row the span they fell in goes back to the kernel; after half as
+/// many (at least 2) when one thread made them all and each fell [`SCATTER_PAGES`] or more
+/// from the one before it. (Threads that each write their own part of one region sequentially
+/// miss far apart too, each where its part starts again after a discard: `verify`'s
+/// recycle-threads pattern lost its region that way before the rule asked for one thread.) Each
+/// fault before the hand-back costs a round trip (25-70 us on a KVM guest, against 1.5 us for
+/// the kernel's own fault), so random access spread over a region is handed back after 5
+/// faults instead of 9 (measured in docs/DESIGN.md); misses close together, the way a
+/// sequential writer stumbles, still get the whole `limit`.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct MissRun {
     count: u64,
     lo: u64,
     hi: u64,
+    /// The run's last miss, the thread that made its first, and whether every miss of the run
+    /// was that thread's and fell far from the one before.
+    last: u64,
+    tid: u32,
+    scattered: bool,
+}
+
+/// A run of misses to hand back: the pages `[lo, hi]` they spanned, inclusive, and how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Misses {
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+    pub(crate) count: u64,
+    /// Each miss fell [`SCATTER_PAGES`] or more from the one before.
+    pub(crate) scattered: bool,
 }
 
 impl MissRun {
-    /// Records one fault's outcome on `page`. After `limit` misses in a row (limit 0: never)
-    /// returns the pages `[lo, hi]` they spanned, inclusive, and starts counting afresh.
-    pub(crate) fn record(&mut self, outcome: Outcome, page: u64, limit: u64) -> Option<(u64, u64)> {
+    /// Records the outcome of thread `tid`'s fault on `page`. After `limit` misses in a row
+    /// (limit 0: never), or half as many scattered ones, returns the run and starts counting
+    /// afresh.
+    pub(crate) fn record(&mut self, outcome: Outcome, page: u64, limit: u64, tid: u32) -> Option<Misses> {
         match outcome {
             Outcome::Hit => self.count = 0,
             Outcome::Start => {}
             Outcome::Miss => {
                 if self.count == 0 {
-                    (self.lo, self.hi) = (page, page);
+                    (self.lo, self.hi, self.tid, self.scattered) = (page, page, tid, true);
+                } else {
+                    self.scattered &= tid == self.tid && page.abs_diff(self.last) >= SCATTER_PAGES;
                 }
                 self.count += 1;
+                self.last = page;
                 self.lo = self.lo.min(page);
                 self.hi = self.hi.max(page);
-                if limit > 0 && self.count >= limit {
+                let early = self.scattered && self.count >= limit.div_ceil(2).max(2);
+                if limit > 0 && (self.count >= limit || early) {
+                    let run = Misses {
+                        lo: self.lo,
+                        hi: self.hi,
+                        count: self.count,
+                        scattered: self.scattered,
+                    };
                     self.count = 0;
-                    return Some((self.lo, self.hi));
+                    return Some(run);
                 }
             }
         }
@@ -320,9 +362,22 @@ impl<K: Kernel> Handler<'_, K> {
     /// pieces) for misses at least [`SPARSE_PAGES_PER_MISS`] apart on average gives back the
     /// whole range: one page touched per GiB of a 16 TiB reservation would otherwise cost a
     /// round trip per page for ever. Returns the span, in pages of `range`.
-    pub(crate) fn hand_back(&mut self, range: &Arc<Range>, lo: u64, hi: u64) -> Option<(u64, u64)> {
-        let sparse = (hi - lo) / self.opts.handback_misses.max(1) >= SPARSE_PAGES_PER_MISS;
+    pub(crate) fn hand_back(&mut self, range: &Arc<Range>, misses: Misses) -> Option<(u64, u64)> {
+        let Misses {
+            lo,
+            hi,
+            count,
+            scattered,
+        } = misses;
+        let sparse = (hi - lo) / count.max(1) >= SPARSE_PAGES_PER_MISS;
+        // Scattered misses over a quarter of the range or more: random access over the range
+        // (4 random faults span a quarter of it 95% of the time). A part handed back would
+        // leave the rest to fault again, each fault a round trip, and a piece left over is a
+        // new range whose misses count afresh (measured: 15 faults and 3 hand-backs for a
+        // random 5% of 1 GiB, against 5 and 1).
+        let spread = scattered && (hi - lo + 1) * 4 >= range.pages;
         let (first, end) = match range.handbacks.load(Relaxed) {
+            _ if spread => (0, range.pages),
             n if n > 0 && sparse => (0, range.pages),
             _ => handback_span(lo, hi, range.pages, pages(range.start)),
         };
@@ -587,16 +642,89 @@ mod tests {
     #[test]
     fn miss_run_hands_back_the_span_after_limit_misses_in_a_row() {
         let mut r = MissRun::default();
-        assert_eq!(r.record(Outcome::Start, 50, 3), None);
-        assert_eq!(r.record(Outcome::Miss, 70, 3), None);
-        assert_eq!(r.record(Outcome::Miss, 20, 3), None);
-        assert_eq!(r.record(Outcome::Hit, 21, 3), None); // a hit resets the run
-        assert_eq!(r.record(Outcome::Miss, 900, 3), None);
-        assert_eq!(r.record(Outcome::Start, 10, 3), None); // neutral
-        assert_eq!(r.record(Outcome::Miss, 300, 3), None);
-        assert_eq!(r.record(Outcome::Miss, 500, 3), Some((300, 900)));
-        assert_eq!(r.record(Outcome::Miss, 1, 3), None); // counting starts afresh
-        assert_eq!(r.record(Outcome::Miss, 1, 0), None);
+        assert_eq!(r.record(Outcome::Start, 50, 3, 7), None);
+        assert_eq!(r.record(Outcome::Miss, 70, 3, 7), None);
+        assert_eq!(r.record(Outcome::Miss, 20, 3, 7), None);
+        assert_eq!(r.record(Outcome::Hit, 21, 3, 7), None); // a hit resets the run
+        assert_eq!(r.record(Outcome::Miss, 900, 3, 7), None);
+        assert_eq!(r.record(Outcome::Start, 10, 3, 7), None); // neutral
+        assert_eq!(r.record(Outcome::Miss, 300, 3, 7), None);
+        let run = |lo, hi, count| {
+            Some(Misses {
+                lo,
+                hi,
+                count,
+                scattered: false,
+            })
+        };
+        assert_eq!(r.record(Outcome::Miss, 500, 3, 7), run(300, 900, 3));
+        assert_eq!(r.record(Outcome::Miss, 1, 3, 7), None); // counting starts afresh
+        assert_eq!(r.record(Outcome::Miss, 1, 0, 7), None);
+    }
+
+    #[test]
+    fn scattered_misses_hand_back_after_half_as_many() {
+        let far = SCATTER_PAGES;
+        let run = |lo, hi, count| {
+            Some(Misses {
+                lo,
+                hi,
+                count,
+                scattered: true,
+            })
+        };
+        let near = |lo, hi, count| {
+            Some(Misses {
+                lo,
+                hi,
+                count,
+                scattered: false,
+            })
+        };
+        // Each miss 4 PMDs or more from the one before: 4 of a limit of 8.
+        let mut r = MissRun::default();
+        assert_eq!(r.record(Outcome::Start, 0, 8, 7), None);
+        for (i, page) in [10 * far, 2 * far, 7 * far].into_iter().enumerate() {
+            assert_eq!(r.record(Outcome::Miss, page, 8, 7), None, "miss {i}");
+        }
+        assert_eq!(r.record(Outcome::Miss, 3 * far, 8, 7), run(2 * far, 10 * far, 4));
+        // One miss close to the one before: the run needs the whole limit.
+        let mut r = MissRun::default();
+        for page in [
+            10 * far,
+            2 * far,
+            2 * far + far - 1,
+            7 * far,
+            20 * far,
+            30 * far,
+            40 * far,
+        ] {
+            assert_eq!(r.record(Outcome::Miss, page, 8, 7), None, "{page}");
+        }
+        assert_eq!(r.record(Outcome::Miss, 50 * far, 8, 7), near(2 * far, 50 * far, 8));
+        // A stumbling sequential writer, misses a few pages apart: the whole limit.
+        let mut r = MissRun::default();
+        for k in 0..7 {
+            assert_eq!(r.record(Outcome::Miss, 1000 + k * 40, 8, 7), None);
+        }
+        assert!(r.record(Outcome::Miss, 1280, 8, 7).is_some());
+        // Four threads, each starting its own part of one region again (far apart, as above):
+        // not one thread's random access, so the whole limit.
+        let mut r = MissRun::default();
+        let pages = [0, 10 * far, 20 * far, 30 * far, 5, 10 * far + 5, 20 * far + 5];
+        for (page, tid) in pages.into_iter().zip([100, 101, 102, 103].into_iter().cycle()) {
+            assert_eq!(r.record(Outcome::Miss, page, 8, tid), None, "{page}");
+        }
+        assert_eq!(r.record(Outcome::Miss, 30 * far + 5, 8, 103), near(0, 30 * far + 5, 8));
+        // Small limits: never fewer than 2 misses; 1 stays 1.
+        let mut r = MissRun::default();
+        assert_eq!(r.record(Outcome::Miss, 0, 3, 7), None);
+        assert_eq!(r.record(Outcome::Miss, far, 3, 7), run(0, far, 2));
+        assert_eq!(
+            r.record(Outcome::Miss, 5, 1, 7),
+            run(5, 5, 1),
+            "one miss is trivially scattered"
+        );
     }
 
     #[test]
@@ -890,11 +1018,12 @@ mod tests {
         for i in 0..100 {
             let page = g.below(262_144);
             let w = p.on_fault(page, 262_144, &T);
-            if r.record(w.outcome, page, 8).is_some() {
+            if r.record(w.outcome, page, 8, 7).is_some() {
                 tripped_at = Some(i);
                 break;
             }
         }
-        assert_eq!(tripped_at, Some(8));
+        // The start, then 4 misses scattered over the region (see MissRun).
+        assert_eq!(tripped_at, Some(4));
     }
 }

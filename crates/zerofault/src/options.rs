@@ -184,6 +184,38 @@ impl Kind for Millis {
     }
 }
 
+/// A short duration: microseconds (`30us`), milliseconds (`1ms`) or seconds (`1s`), at most a
+/// second.
+pub struct Micros;
+impl Kind for Micros {
+    type Value = std::time::Duration;
+    const ACCEPTS: &'static str = "a duration in us, ms or s (e.g. 30us, 1ms, 0), at most 1s";
+    fn parse(s: &str) -> Option<std::time::Duration> {
+        let (digits, scale) = if let Some(d) = s.strip_suffix("us") {
+            (d, 1)
+        } else if let Some(d) = s.strip_suffix("ms") {
+            (d, 1_000)
+        } else if let Some(d) = s.strip_suffix('s') {
+            (d, 1_000_000)
+        } else {
+            (s, 1)
+        };
+        let n: u64 = digits.parse().ok()?;
+        n.checked_mul(scale)
+            .filter(|us| *us <= 1_000_000)
+            .map(std::time::Duration::from_micros)
+    }
+    fn show(v: &std::time::Duration) -> String {
+        let us = v.as_micros();
+        match us {
+            0 => "0".into(),
+            _ if us % 1_000_000 == 0 => format!("{}s", us / 1_000_000),
+            _ if us % 1_000 == 0 => format!("{}ms", us / 1_000),
+            _ => format!("{us}us"),
+        }
+    }
+}
+
 /// When a confirmed stream's window ahead goes in (see `fault/ahead.rs`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AheadMode {
@@ -452,12 +484,21 @@ options! {
     /// Largest window ahead: 2^order pages (at least one max_order window).
     ahead_order: Order = "13",
     /// Unpredicted faults in a row, in one region, after which the part of the region they
-    /// fell in is handed back to the kernel (unregistered). 0 never hands back.
+    /// fell in is handed back to the kernel (unregistered); half as many (at least 2) when each
+    /// fell 8 MiB or more from the one before (random access), and then the whole region when
+    /// they spread over a quarter of it. 0 never hands back.
     handback_misses: Count = "8",
     /// Fault handler threads reading the one userfaultfd; each serves whichever fault it
     /// reads. `auto`: one per 8 CPUs the process may run on (its affinity when the engine
     /// starts), at least 1, at most 8 (docs/SCALING.md has the measurements behind it).
     handlers: Threads = "auto",
+    /// How long an idle handler keeps polling the userfaultfd after its last message before it
+    /// sleeps, while no more threads are runnable than there are CPUs (/proc/loadavg). A
+    /// handler asleep on an idle virtual CPU takes a wake-up of that CPU per fault (40-50 us
+    /// on this project's KVM guest, twice a round trip); polling saves one of the two for
+    /// faults that come close together (random first touches before their hand-back, a cold
+    /// stream). It spends up to this much CPU after each burst of faults. 0: sleep at once.
+    handler_spin: Micros = "50us",
     /// Starved streams go to the kernel: when this many threads fault at once (each within
     /// 10 ms) and the huge ring could not fill the last 8 write windows of 2 MiB or more, the range being
     /// faulted is lent to the kernel (unregistered), where the kernel's own fault takes huge
@@ -678,6 +719,21 @@ mod tests {
         }
         for bad in ["", "s", "-1s", "1.5s", "1 s", "86401s", "1m"] {
             assert_eq!(Millis::parse(bad), None, "{bad:?}");
+        }
+        for (text, us, shown) in [
+            ("50us", 50, "50us"),
+            ("1ms", 1000, "1ms"),
+            ("1s", 1_000_000, "1s"),
+            ("0", 0, "0"),
+            ("1500", 1500, "1500us"),
+        ] {
+            let v = Micros::parse(text).unwrap();
+            assert_eq!(v, Duration::from_micros(us), "{text}");
+            assert_eq!(Micros::show(&v), shown);
+            assert_eq!(Micros::parse(&Micros::show(&v)), Some(v));
+        }
+        for bad in ["", "us", "-1us", "1.5ms", "2s", "1000001us", "1m"] {
+            assert_eq!(Micros::parse(bad), None, "{bad:?}");
         }
         assert_eq!(Method::parse("auto"), Some(None));
         assert_eq!(Method::parse("NT"), Some(Some(crate::zeroing::ZeroMethod::Nt)));

@@ -202,6 +202,10 @@ counters! {
     scrub_cpu_ns,
     /// CPU time of the fault handler threads, in nanoseconds (summed over them).
     handler_cpu_ns,
+    /// Bursts of messages after which a handler polled for the next (`handler_spin`).
+    handler_spins,
+    /// Those polls that found a message before the handler would have slept.
+    handler_spin_hits,
     /// Fault events served by handlers other than the first (`handlers` above 1): how much
     /// of the work the others took.
     faults_on_other_handlers,

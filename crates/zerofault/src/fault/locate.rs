@@ -201,15 +201,15 @@ impl<K: Kernel> Handler<'_, K> {
             },
             1,
         );
-        let handback =
-            range
-                .misses
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .record(w.outcome, page, self.opts.handback_misses);
-        if let Some((lo, hi)) = handback {
+        let handback = range.misses.lock().unwrap_or_else(|e| e.into_inner()).record(
+            w.outcome,
+            page,
+            self.opts.handback_misses,
+            tid,
+        );
+        if let Some(misses) = handback {
             if self
-                .hand_back(range, lo, hi)
+                .hand_back(range, misses)
                 .is_some_and(|(a, b)| (a..b).contains(&page))
             {
                 // The faulting page went back to the kernel with the rest: let it fault natively.

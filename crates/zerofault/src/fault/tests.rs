@@ -598,13 +598,16 @@ fn a_window_ahead_after_the_wake_moves_huge_pages_in_address_order_and_yields_to
 }
 
 /// Two nodes (a fake tree: they need not exist here), a 4 KiB pool of 16 MiB each, with
-/// `small` pages ready in each, and a range of `pages` pages at [`BASE`].
+/// `small` pages ready in each, and a range of `pages` pages at [`BASE`]. Nothing is handed
+/// back: the tests fault far apart on purpose, which reads as random access.
 fn two_nodes(name: &str, policy: crate::nodes::Policy, pages: u64, small: u64) -> Shared {
     let root =
         crate::sys::numa::tests::fake_tree(name, "0-1", &[(0, "0", 1 << 20, "10 20"), (1, "1", 1 << 20, "20 10")]);
     let t = crate::sys::numa::Topology::read(&root).unwrap();
     std::fs::remove_dir_all(root).unwrap();
-    let s = Shared::detached_nodes(opts(true), t, policy);
+    let mut o = opts(true);
+    o.handback_misses = 0;
+    let s = Shared::detached_nodes(o, t, policy);
     s.ranges.insert(BASE, pages, None);
     for p in &s.pools {
         while p.small.available() < small {

@@ -623,6 +623,33 @@ impl Uffd {
         }
     }
 
+    /// Whether a message is pending now, without blocking (POLLIN; a closed or broken
+    /// descriptor counts as ready, so that the caller's read finds out).
+    pub(crate) fn ready(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: ppoll on one valid pollfd with a zero timeout in a valid, writable timespec,
+        // no signal mask change.
+        let r = unsafe {
+            raw::call(
+                libc::SYS_ppoll,
+                [
+                    &mut p as *mut libc::pollfd as usize,
+                    1,
+                    &mut ts as *mut libc::timespec as usize,
+                    0,
+                    0,
+                    0,
+                ],
+            )
+        };
+        !matches!(r, Ok(0)) || p.revents != 0
+    }
+
     /// Blocks until a message is pending (or the descriptor is closed or broken), or at most
     /// `timeout`. EINTR and the timeout count as ready: the caller reads, finds nothing, and
     /// waits again.
