@@ -484,20 +484,21 @@ options! {
     /// Largest window ahead: 2^order pages (at least one max_order window).
     ahead_order: Order = "13",
     /// Unpredicted faults in a row, in one region, after which the part of the region they
-    /// fell in is handed back to the kernel (unregistered); half as many (at least 2) when each
-    /// fell 8 MiB or more from the one before (random access), and then the whole region when
-    /// they spread over a quarter of it. 0 never hands back.
+    /// fell in is handed back to the kernel (unregistered); half as many, and at least 5, when
+    /// one thread made them all, each 8 MiB or more from the one before (random access), and
+    /// then the whole region of `Engine::map` when they spread over a quarter of it. 0 never
+    /// hands back.
     handback_misses: Count = "8",
     /// Fault handler threads reading the one userfaultfd; each serves whichever fault it
     /// reads. `auto`: one per 8 CPUs the process may run on (its affinity when the engine
     /// starts), at least 1, at most 8 (docs/SCALING.md has the measurements behind it).
     handlers: Threads = "auto",
-    /// How long an idle handler keeps polling the userfaultfd after its last message before it
-    /// sleeps, while no more threads are runnable than there are CPUs (/proc/loadavg). A
+    /// How long an idle handler keeps polling the userfaultfd after a burst of faults before
+    /// it sleeps, when the burst came soon after the one before (faults close together) and
+    /// the threads writing fresh memory and the handlers leave a CPU the process may use. A
     /// handler asleep on an idle virtual CPU takes a wake-up of that CPU per fault (40-50 us
-    /// on this project's KVM guest, twice a round trip); polling saves one of the two for
-    /// faults that come close together (random first touches before their hand-back, a cold
-    /// stream). It spends up to this much CPU after each burst of faults. 0: sleep at once.
+    /// on this project's KVM guest, twice a round trip); polling saves one of the two (random
+    /// first touches before their hand-back, a cold stream). 0: sleep at once.
     handler_spin: Micros = "50us",
     /// Starved streams go to the kernel: when this many threads fault at once (each within
     /// 10 ms) and the huge ring could not fill the last 8 write windows of 2 MiB or more, the range being

@@ -97,7 +97,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     // When the current idle spell began (None: messages are being read), and how long the
     // last one lasted: a poll (`handler_spin`) begins a spell only when the last was short.
     let (mut idle_from, mut last_idle) = (None::<Instant>, Duration::MAX);
-    let cpus = u64::try_from(crate::sys::thread::online_cpus()).unwrap_or(u64::MAX);
+    let cpus = crate::sys::thread::allowed_cpus();
     // Until the doorbell rings: a stop is only orderly once every fault queued before it was
     // answered.
     while !h.rung && h.fatal.is_none() && !shared.failed.load(Acquire) {
@@ -137,16 +137,19 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
                 Stats::add(&shared.stats.handler_cpu_ns, nanos(now - counted));
                 (counted, last_count) = (now, Instant::now());
             }
+            // Nothing pending: a loan may end now. While any is out, the wait is bounded, so
+            // that an idle handler still looks (the program may fault only where it lent).
+            h.retake();
             if idle_from.is_none() {
                 idle_from = Some(Instant::now());
                 let spin_for = h.opts.handler_spin;
                 if last_idle <= spin_for.saturating_mul(SPIN_AFTER) && spin(uffd, &shared, spin_for, cpus) {
+                    if !uffd.still_ours() {
+                        break; // closed or replaced behind our back: fail open
+                    }
                     continue;
                 }
             }
-            // Nothing pending: a loan may end now. While any is out, the wait is bounded, so
-            // that an idle handler still looks (the program may fault only where it lent).
-            h.retake();
             let timeout = match timeout {
                 None if shared.lending.any() => Some(crate::handback::RETAKE_AFTER),
                 t => t,
@@ -182,26 +185,37 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
 /// stream 5-8% slower, when every burst was followed by a poll).
 const SPIN_AFTER: u32 = 4;
 
-/// Polls `uffd` for a message for at most `spin`, unless more threads are runnable than the
-/// machine has CPUs (the poll would take a CPU from one of them). True when one is pending.
+/// Polls `uffd` for a message for at most `spin`, unless the threads writing fresh memory
+/// (within the last 10 ms, `Faulters`) and the handlers would then be more than the CPUs the
+/// process may run on (`cpus`, its affinity when the handler started; never with one): the
+/// poll would take a CPU from one of them. True when a message is pending, or the descriptor
+/// reports an error (the read that follows finds out).
+///
+/// Other processes' threads are not weighed (that would take a /proc read, and a descriptor
+/// a program closing every descriptor could close under us); the kernel's scheduler shares a
+/// CPU with the poll as with any thread, and the poll lasts `spin` at most after a burst.
 ///
 /// A handler that sleeps on an idle virtual CPU is woken by an interrupt the hypervisor
 /// delivers, 40-50 us on this project's KVM guest (no halt polling there); the faulting
 /// thread's wake-up pays the same on its side. Faults that come close together (random first
 /// touches before their hand-back, a cold stream's windows) save one of the two by this poll
 /// (measured: 60-70 us a round trip asleep, 25-45 us polling; docs/SCALING.md).
-fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: u64) -> bool {
-    if spin.is_zero() || crate::sys::thread::runnable_threads().is_none_or(|r| r > cpus) {
+fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: usize) -> bool {
+    let busy = shared.lending.faulters.active() + shared.live_handlers.load(Relaxed);
+    if spin.is_zero() || cpus <= 1 || busy > cpus {
         return false;
     }
     Stats::add(&shared.stats.handler_spins, 1);
     let t = Instant::now();
     while t.elapsed() < spin && !shared.failed.load(Acquire) {
-        if uffd.ready() {
-            Stats::add(&shared.stats.handler_spin_hits, 1);
-            return true;
+        match uffd.ready() {
+            Ok(false) => std::hint::spin_loop(),
+            Ok(true) => {
+                Stats::add(&shared.stats.handler_spin_hits, 1);
+                return true;
+            }
+            Err(_) => return true,
         }
-        std::hint::spin_loop();
     }
     false
 }

@@ -632,19 +632,6 @@ pub(crate) fn loadavg_1min() -> Option<f64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-/// Threads runnable or running on the whole machine now (the fourth field of /proc/loadavg,
-/// `running/total`), read into a stack buffer, the file opened for this read alone.
-pub(crate) fn runnable_threads() -> Option<u64> {
-    use std::io::Read;
-    let mut buf = [0u8; 128];
-    let n = std::fs::File::open("/proc/loadavg").ok()?.read(&mut buf).ok()?;
-    runnable_of(std::str::from_utf8(&buf[..n]).ok()?)
-}
-
-fn runnable_of(loadavg: &str) -> Option<u64> {
-    loadavg.split_whitespace().nth(3)?.split('/').next()?.parse().ok()
-}
-
 /// The CPU-time clock of one thread, readable from any thread while it lives.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ThreadClock(libc::clockid_t);
@@ -696,15 +683,6 @@ mod tests {
 
     thread_local! {
         static SEVEN: Cell<u64> = const { Cell::new(7) };
-    }
-
-    #[test]
-    fn runnable_threads_come_from_the_fourth_field_of_loadavg() {
-        assert_eq!(runnable_of("0.52 0.58 0.59 3/347 12345\n"), Some(3));
-        assert_eq!(runnable_of("0.52 0.58 0.59"), None);
-        assert_eq!(runnable_of("0.52 0.58 0.59 x/347 1"), None);
-        // This very thread runs while it reads.
-        assert!(runnable_threads().is_some_and(|n| n >= 1));
     }
 
     fn run(name: &str, body: impl FnOnce() + Send + 'static) -> u32 {

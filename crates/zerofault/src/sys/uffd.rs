@@ -623,9 +623,10 @@ impl Uffd {
         }
     }
 
-    /// Whether a message is pending now, without blocking (POLLIN; a closed or broken
-    /// descriptor counts as ready, so that the caller's read finds out).
-    pub(crate) fn ready(&self) -> bool {
+    /// Whether a message is pending now, without blocking (POLLIN). A closed or broken
+    /// descriptor (POLLNVAL, POLLERR, POLLHUP) counts as ready, so that the caller's read
+    /// finds out; a failed poll (EINTR, ENOMEM) is the error.
+    pub(crate) fn ready(&self) -> Result<bool, Errno> {
         let mut p = libc::pollfd {
             fd: self.raw_fd(),
             events: libc::POLLIN,
@@ -647,7 +648,7 @@ impl Uffd {
                 ],
             )
         };
-        !matches!(r, Ok(0)) || p.revents != 0
+        r.map(|_| p.revents != 0)
     }
 
     /// Blocks until a message is pending (or the descriptor is closed or broken), or at most
