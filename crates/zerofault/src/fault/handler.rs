@@ -199,7 +199,7 @@ const SPIN_AFTER: u32 = 4;
 /// delivers, 40-50 us on this project's KVM guest (no halt polling there); the faulting
 /// thread's wake-up pays the same on its side. Faults that come close together (random first
 /// touches before their hand-back, a cold stream's windows) save one of the two by this poll
-/// (measured: 60-70 us a round trip asleep, 25-45 us polling; docs/SCALING.md).
+/// (measured: 60-70 us a round trip asleep, 25-45 us polling; docs/DESIGN.md).
 fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: usize) -> bool {
     let busy = shared.lending.faulters.active() + shared.live_handlers.load(Relaxed);
     if spin.is_zero() || cpus <= 1 || busy > cpus {
