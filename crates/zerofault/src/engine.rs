@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     pub(crate) event_order: Mutex<()>,
     /// Handler threads running (see [`Shared::handler_left`]).
     pub(crate) live_handlers: AtomicUsize,
+    /// Scrub threads at work now (awake between two waits): a handler's poll
+    /// (`handler_spin`) leaves their CPUs to them.
+    pub(crate) scrubs_working: AtomicUsize,
     /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
     /// done at all). See `nodes.rs` and `Handler::choose_nodes`.
     pub(crate) numa: Option<crate::nodes::Nodes>,
@@ -394,6 +397,7 @@ impl Engine {
             inflight: (0..handlers).map(|_| fault::Inflight::default()).collect(),
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
+            scrubs_working: AtomicUsize::new(0),
             uffd_identity: Some(identity),
             lending: crate::handback::Lending::new(lend_at),
             numa,
@@ -894,6 +898,7 @@ impl Shared {
             inflight: Box::new([fault::Inflight::default()]),
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
+            scrubs_working: AtomicUsize::new(0),
             uffd_identity: None,
             // As on this project's machine: one handler and one scrub on two CPUs.
             lending: crate::handback::Lending::new(opts.lend_at(2, 2)),

@@ -436,6 +436,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
             break;
         }
         if !shared.pool_paused.load(Acquire) {
+            shared.scrubs_working.fetch_add(1, Relaxed);
             clean_dirty(&shared, pool, &mut zeroer, &clock);
             // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
             // round, or before any handler noticed).
@@ -443,6 +444,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
                 refill(&shared, pool, stop);
             }
             purge(&shared, pool, &mut idle);
+            shared.scrubs_working.fetch_sub(1, Relaxed);
         }
         let now = clock.read();
         Stats::add(&shared.stats.scrub_cpu_ns, nanos(now - counted));

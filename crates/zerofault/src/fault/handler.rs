@@ -186,9 +186,11 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
 const SPIN_AFTER: u32 = 4;
 
 /// Polls `uffd` for a message for at most `spin`, unless the threads writing fresh memory
-/// (within the last 10 ms, `Faulters`) and the handlers would then be more than the CPUs the
-/// process may run on (`cpus`, its affinity when the handler started; never with one): the
-/// poll would take a CPU from one of them. True when a message is pending, or the descriptor
+/// (within the last 10 ms, `Faulters`), the handlers and the scrub threads at work would then
+/// be more than the CPUs the process may run on (`cpus`, its affinity when the handler
+/// started; never with one): the poll would take a CPU from one of them (a scrub starved of
+/// CPU while a pool fills leaves windows short of huge pages, and its dirty pages are traded
+/// away instead of zeroed). True when a message is pending, or the descriptor
 /// reports an error (the read that follows finds out).
 ///
 /// Other processes' threads are not weighed (that would take a /proc read, and a descriptor
@@ -201,7 +203,8 @@ const SPIN_AFTER: u32 = 4;
 /// touches before their hand-back, a cold stream's windows) save one of the two by this poll
 /// (measured: 60-70 us a round trip asleep, 25-45 us polling; docs/DESIGN.md).
 fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: usize) -> bool {
-    let busy = shared.lending.faulters.active() + shared.live_handlers.load(Relaxed);
+    let busy =
+        shared.lending.faulters.active() + shared.live_handlers.load(Relaxed) + shared.scrubs_working.load(Relaxed);
     if spin.is_zero() || cpus <= 1 || busy > cpus {
         return false;
     }
