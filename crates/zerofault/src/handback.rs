@@ -52,16 +52,18 @@ const SCATTER_PAGES: u64 = 4 * PMD_PAGES;
 ///
 /// After `limit` misses in a row the span they fell in goes back to the kernel; after half as
 /// many, and more than the predictor's [`STREAMS`] per thread, when one thread made them all
-/// and each fell [`SCATTER_PAGES`] or more from the one before it. (A thread opening its
-/// streams, a column store's columns written round-robin, misses once per stream before its
-/// first hit: a review found 4 columns of 64 MiB losing their region to a limit of 4.) (Threads that each write their own part of one region sequentially
-/// miss far apart too, each where its part starts again after a discard: `verify`'s
-/// recycle-threads pattern lost its region that way before the rule asked for one thread.) Each
-/// fault before the hand-back costs a round trip (25-70 us on a KVM guest, against 1.5 us for
-/// the kernel's own fault), so random access spread over a region is handed back after 5
-/// faults instead of 9 (measured in docs/DESIGN.md); misses close together, the way a
-/// sequential writer stumbles, still get the whole `limit`. A fault's thread is unknown (0)
-/// where the kernel does not report it: then nothing counts as scattered.
+/// and each fell [`SCATTER_PAGES`] or more from the one before it. Each fault before the
+/// hand-back costs a round trip (25-70 us on a KVM guest, against 1.5 us for the kernel's own
+/// fault), so random access spread over a region is handed back after 6 faults instead of 9
+/// (the stream's start and 5 misses; measured in docs/DESIGN.md). Misses close together, the
+/// way a sequential writer stumbles, still get the whole `limit`, and so do:
+/// - a thread opening its streams: a column store writing its columns round-robin misses once
+///   per stream before the first hit (a review found 4 columns of 64 MiB losing their region
+///   to an early trip at 4);
+/// - threads each writing their own part of one region: each misses where its part starts
+///   again after a discard (`verify`'s recycle-threads pattern lost its region that way before
+///   the rule asked for one thread);
+/// - faults of a thread the kernel does not name (tid 0, no `UFFD_FEATURE_THREAD_ID`).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct MissRun {
     count: u64,
@@ -382,7 +384,7 @@ impl<K: Kernel> Handler<'_, K> {
         // random faults span a quarter of it 98% of the time). A part handed back would leave
         // the rest to fault again, each fault a round trip, and a piece left over is a new
         // range whose misses count afresh (measured: 15 faults and 3 hand-backs for a random
-        // 5% of 1 GiB, against 5 and 1). Only a Region's range, which is one allocation: a
+        // 5% of 1 GiB, against 6 and 1). Only a Region's range, which is one allocation: a
         // shim arena holds many, and only misses over half of it give it all back.
         let spread = scattered && range.owner.is_some() && (hi - lo + 1) * 4 >= range.pages;
         let (first, end) = match range.handbacks.load(Relaxed) {

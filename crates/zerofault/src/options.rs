@@ -495,7 +495,8 @@ options! {
     handlers: Threads = "auto",
     /// How long an idle handler keeps polling the userfaultfd after a burst of faults before
     /// it sleeps, when the burst came soon after the one before (faults close together) and
-    /// the threads writing fresh memory and the handlers leave a CPU the process may use. A
+    /// the threads writing fresh memory, the handlers and the scrub threads at work leave a CPU
+    /// the process may use. A
     /// handler asleep on an idle virtual CPU takes a wake-up of that CPU per fault (40-50 us
     /// on this project's KVM guest, twice a round trip); polling saves one of the two (random
     /// first touches before their hand-back, a cold stream). 0: sleep at once.

@@ -627,34 +627,23 @@ impl Uffd {
     /// descriptor (POLLNVAL, POLLERR, POLLHUP) counts as ready, so that the caller's read
     /// finds out; a failed poll (EINTR, ENOMEM) is the error.
     pub(crate) fn ready(&self) -> Result<bool, Errno> {
-        let mut p = libc::pollfd {
-            fd: self.raw_fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: ppoll on one valid pollfd with a zero timeout in a valid, writable timespec,
-        // no signal mask change.
-        let r = unsafe {
-            raw::call(
-                libc::SYS_ppoll,
-                [
-                    &mut p as *mut libc::pollfd as usize,
-                    1,
-                    &mut ts as *mut libc::timespec as usize,
-                    0,
-                    0,
-                    0,
-                ],
-            )
-        };
-        r.map(|_| p.revents != 0)
+        self.poll(Some(std::time::Duration::ZERO)).map(|revents| revents != 0)
     }
 
     /// Blocks until a message is pending (or the descriptor is closed or broken), or at most
     /// `timeout`. EINTR and the timeout count as ready: the caller reads, finds nothing, and
     /// waits again.
     pub(crate) fn wait(&self, timeout: Option<std::time::Duration>) -> Result<(), Errno> {
+        match self.poll(timeout) {
+            Ok(revents) if revents & libc::POLLNVAL != 0 => Err(Errno(libc::EBADF)),
+            Ok(_) | Err(Errno(libc::EINTR)) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One ppoll for POLLIN, for at most `timeout` (`None`: until something happens): the
+    /// events it returned (0: the time ran out).
+    fn poll(&self, timeout: Option<std::time::Duration>) -> Result<libc::c_short, Errno> {
         let mut p = libc::pollfd {
             fd: self.raw_fd(),
             events: libc::POLLIN,
@@ -669,11 +658,7 @@ impl Uffd {
         // SAFETY: ppoll on one valid pollfd, with no timeout or a valid, writable timespec, no
         // signal mask change.
         let r = unsafe { raw::call(libc::SYS_ppoll, [&mut p as *mut libc::pollfd as usize, 1, tsp, 0, 0, 0]) };
-        match r {
-            Ok(_) if p.revents & libc::POLLNVAL != 0 => Err(Errno(libc::EBADF)),
-            Ok(_) | Err(Errno(libc::EINTR)) => Ok(()),
-            Err(e) => Err(e),
-        }
+        r.map(|_| p.revents)
     }
 }
 
@@ -739,6 +724,50 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(m.decode(), Msg::Unknown(0x77));
+    }
+
+    #[test]
+    fn ready_says_whether_a_message_is_pending() {
+        // The mapping first, so that it is unmapped after the descriptor closes, even when an
+        // assertion fails: an unmap while the descriptor is open waits for its UNMAP event to
+        // be read.
+        let m = crate::sys::mman::Mapping::new(4096, crate::sys::mman::Thp::Never).unwrap();
+        let u = match Uffd::open() {
+            Ok(u) => u,
+            Err(e) => {
+                assert!(
+                    std::env::var_os("ZEROFAULT_REQUIRE_UFFD").is_none(),
+                    "userfaultfd is required: {e}"
+                );
+                return;
+            }
+        };
+        let a = m.as_ptr() as usize;
+        // SAFETY: the test's own anonymous page, whose fault this test answers below.
+        unsafe { u.register(a, 4096) }.unwrap();
+        assert_eq!(u.ready(), Ok(false), "nothing pending yet");
+        let reader = std::thread::spawn(move || {
+            // SAFETY: the mapping lives until this thread is joined.
+            unsafe { (a as *const u8).read_volatile() }
+        });
+        let t0 = std::time::Instant::now();
+        while u.ready() != Ok(true) {
+            assert!(
+                t0.elapsed() < std::time::Duration::from_secs(10),
+                "the fault never came"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        let mut buf = [RawMsg::default(); 1];
+        assert_eq!(u.read(&mut buf), Ok(1));
+        assert!(
+            matches!(buf[0].decode(), Msg::PageFault { .. }),
+            "{:?}",
+            buf[0].decode()
+        );
+        assert_eq!(u.ready(), Ok(false), "the one message was read");
+        assert_eq!(u.zeropage(a, 4096).errno, None);
+        assert_eq!(reader.join().unwrap(), 0);
     }
 
     #[test]
