@@ -24,6 +24,7 @@ pub mod args;
 mod bench;
 #[cfg(test)]
 mod fixtures;
+mod flush;
 mod machine;
 mod output;
 mod plot;
@@ -33,6 +34,7 @@ mod sys;
 mod zeroing;
 
 pub use bench::shuffle;
+pub use flush::run_bench_flush;
 pub use zeroing::run_bench_zero;
 
 /// `zerofault bench ARGS`: runs the sweep and prints its rows (table, JSON or CSV), and the

@@ -123,6 +123,19 @@ pub(crate) fn process_cpu_time() -> (Duration, Duration) {
     (tv(ru.ru_utime), tv(ru.ru_stime))
 }
 
+/// The CPUs the calling thread may run on (`sched_getaffinity`), in order.
+pub(crate) fn allowed_cpus() -> Vec<usize> {
+    // SAFETY: an all-zero cpu_set_t is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid cpu_set_t of the size passed; pid 0 is the calling thread.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return (0..online_cpus()).collect();
+    }
+    let bits = 8 * std::mem::size_of::<libc::cpu_set_t>();
+    // SAFETY: each index is below the set's capacity in bits.
+    (0..bits).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
+}
+
 /// Number of online CPUs.
 pub(crate) fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.

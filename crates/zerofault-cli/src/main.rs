@@ -18,6 +18,8 @@ usage:
       modes: native, thp, populate, engine, engine-cold, floor, engine:KNOB=VALUE[:KNOB=VALUE]
   zerofault bench-zero
       GB/s of each zeroing method (kernel, stosb, nt, clzero), 4 KiB and 2 MiB calls, cold and cached
+  zerofault bench-flush [--writers N] [--secs F]
+      what a huge-page move costs the mover and each CPU running the process (TLB-flush interrupts)
   zerofault report [--out DIR] [--gb F] [--reps N] [--quiet]
       the headline suite; writes DIR/BENCHMARKS.md with tables, ratios and plots
   zerofault run [--stats] [--verbose] [--KNOB=VALUE ...] -- PROGRAM [ARGS]
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
         "bench" => zerofault_bench::run_bench(rest),
         "report" => zerofault_bench::run_report(rest),
         "bench-zero" => zerofault_bench::run_bench_zero(rest),
+        "bench-flush" => zerofault_bench::run_bench_flush(rest),
         "verify" => verify::parse(rest).and_then(|a| verify::run(&a)),
         "options" => match rest.first().map(String::as_str) {
             None => {

@@ -91,7 +91,9 @@
 //!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), windows
 //!   ahead (`fault/ahead.rs`), behind the `Kernel` seam the unit tests fake (`fault/tests.rs`).
 //! - Whole-PMD placement, the PMD table map and the staging area: `thp.rs`. The prefault
-//!   window: `predict.rs`. Giving random access back: `handback.rs`.
+//!   window: `predict.rs`. Giving random access back: `handback.rs`. [`PmdShuttle`]
+//!   (`shuttle.rs`): one huge page moved between two PMDs, what `zerofault bench-flush` times
+//!   (a move's TLB-flush interrupts, docs/SCALING.md).
 //! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
 //! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
 //!   (`zero.rs`), the zeroing methods ([`ZeroMethod`], `zeroing.rs`; the scrub's, measured by
@@ -130,6 +132,7 @@ mod predict;
 mod recycle;
 mod region;
 mod scrub;
+mod shuttle;
 mod stats;
 mod sync;
 mod sys;
@@ -144,6 +147,7 @@ pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
 pub use options::{OptionError, Options};
 pub use recycle::Recycled;
 pub use region::Region;
+pub use shuttle::PmdShuttle;
 pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};
 pub use zero::is_zero;
