@@ -18,7 +18,7 @@ usage:
       modes: native, thp, populate, engine, engine-cold, floor, engine:KNOB=VALUE[:KNOB=VALUE]
   zerofault bench-zero
       GB/s of each zeroing method (kernel, stosb, nt, clzero), 4 KiB and 2 MiB calls, cold and cached
-  zerofault bench-flush [--writers N] [--secs F]
+  zerofault bench-flush [--writers N] [--mib M] [--secs F]
       what a huge-page move costs the mover and each CPU running the process (TLB-flush interrupts)
   zerofault report [--out DIR] [--gb F] [--reps N] [--quiet]
       the headline suite; writes DIR/BENCHMARKS.md with tables, ratios and plots
