@@ -14,6 +14,7 @@
 //! docs/SCALING.md's model uses these terms for N cores; on a machine with more of them,
 //! `--writers N` measures how they grow.
 
+use crate::args::{int_in, positive_f64, Spec};
 use crate::sys::{allowed_cpus, pin_to_cpu, populate_write, Mapping, Thp};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -57,60 +58,32 @@ pub(crate) struct Flush {
     pub(crate) stayed_huge: bool,
 }
 
+const SPEC: Spec = Spec {
+    command: "bench-flush",
+    flags: &[("writers", true), ("mib", true), ("secs", true)],
+    positional: false,
+};
+
 /// `zerofault bench-flush [--writers N] [--mib M] [--secs F]`.
 pub fn run_bench_flush(rest: &[String]) -> Result<(), String> {
-    let cpus = allowed_cpus().len();
-    let (mut writers, mut mib, mut secs) = (cpus.saturating_sub(1).max(1), None, 1.0f64);
-    let mut it = rest.iter();
-    while let Some(a) = it.next() {
-        let mut value = |what: &str| {
-            it.next()
-                .ok_or_else(|| format!("zerofault bench-flush: {a} needs {what}"))
-                .cloned()
-        };
-        match a.as_str() {
-            "--writers" => {
-                let v = value("a number of writer threads")?;
-                writers = v
-                    .parse()
-                    .ok()
-                    .filter(|&n| (1..cpus.max(2)).contains(&n))
-                    .ok_or_else(|| {
-                        format!(
-                            "zerofault bench-flush: --writers {v}: accepts 1 to {} (one CPU is the mover's)",
-                            cpus.saturating_sub(1).max(1)
-                        )
-                    })?;
-            }
-            "--mib" => {
-                let v = value("MiB of memory per writer")?;
-                mib = Some(
-                    v.parse()
-                        .ok()
-                        .filter(|m: &usize| (2..=65536).contains(m))
-                        .ok_or_else(|| {
-                            format!("zerofault bench-flush: --mib {v}: accepts 2 to 65536 (MiB per writer)")
-                        })?,
-                );
-            }
-            "--secs" => {
-                let v = value("seconds per phase")?;
-                secs = v
-                    .parse()
-                    .ok()
-                    .filter(|s: &f64| s.is_finite() && (0.05..=60.0).contains(s))
-                    .ok_or_else(|| {
-                        format!("zerofault bench-flush: --secs {v}: accepts 0.05 to 60 (seconds per phase)")
-                    })?;
-            }
-            _ => {
-                return Err(format!(
-                    "zerofault bench-flush: unknown argument {a}; it takes --writers N, --mib M and --secs F"
-                ))
-            }
-        }
-    }
-    let mib = mib.unwrap_or(WRITER_MIB.min(TOTAL_MIB / writers).max(2));
+    let p = SPEC.parse(rest)?;
+    let most = allowed_cpus().len().saturating_sub(1).max(1) as u64;
+    let writers = p.get(
+        "writers",
+        most,
+        &format!("an integer 1..={most} (one CPU the process may use is the mover's)"),
+        int_in(1, most),
+    )? as usize;
+    let default_mib = WRITER_MIB.min(TOTAL_MIB / writers).max(2) as u64;
+    let mib = p.get(
+        "mib",
+        default_mib,
+        "an integer 2..=65536 (MiB per writer)",
+        int_in(2, 65536),
+    )? as usize;
+    let secs = p.get("secs", 1.0, "seconds per phase, 0.05 to 60", |s| {
+        positive_f64(s).filter(|v| (0.05..=60.0).contains(v))
+    })?;
     let f = measure(writers, mib, Duration::from_secs_f64(secs))?;
     print!("{}", f.text());
     Ok(())
@@ -451,11 +424,11 @@ mod tests {
     #[test]
     fn bad_arguments_name_the_flag_and_what_it_accepts() {
         let e = |a: &[&str]| run_bench_flush(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap_err();
-        assert!(e(&["--writers", "0"]).contains("--writers 0: accepts 1 to"));
-        assert!(e(&["--secs", "-1"]).contains("--secs -1: accepts 0.05 to 60"));
-        assert!(e(&["--secs"]).contains("--secs needs seconds per phase"));
-        assert!(e(&["--bogus"]).contains("unknown argument --bogus"));
-        assert!(e(&["--mib", "1"]).contains("--mib 1: accepts 2 to 65536"));
+        assert!(e(&["--writers", "0"]).contains("--writers \"0\" is invalid: it accepts an integer 1..="));
+        assert!(e(&["--secs", "-1"]).contains("--secs \"-1\" is invalid: it accepts seconds per phase, 0.05 to 60"));
+        assert!(e(&["--secs"]).contains("--secs needs a value"));
+        assert!(e(&["--bogus"]).contains("unknown flag --bogus; it accepts --writers, --mib, --secs"));
+        assert!(e(&["--mib", "1"]).contains("--mib \"1\" is invalid: it accepts an integer 2..=65536 (MiB per writer)"));
     }
 
     /// The real thing, briefly: every phase measured, moves made, the page still huge at the

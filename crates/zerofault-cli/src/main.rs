@@ -72,7 +72,7 @@ fn main() -> ExitCode {
             Ok(())
         }
         other => Err(format!(
-            "zerofault: unknown command {other:?}; it accepts bench, report, run, verify, options, help"
+            "zerofault: unknown command {other:?}; it accepts bench, bench-zero, bench-flush, report, run, verify, options, help"
         )),
     };
     match result {

@@ -650,6 +650,21 @@ mod tests {
 
     const T: Tuning = crate::testing::TUNING;
 
+    /// The run `record` returns for misses `[lo, hi]`, `count` of them.
+    fn misses(lo: u64, hi: u64, count: u64, scattered: bool) -> Option<Misses> {
+        Some(Misses {
+            lo,
+            hi,
+            count,
+            scattered,
+        })
+    }
+
+    /// A run of misses not all far apart.
+    fn near(lo: u64, hi: u64, count: u64) -> Option<Misses> {
+        misses(lo, hi, count, false)
+    }
+
     #[test]
     fn miss_run_hands_back_the_span_after_limit_misses_in_a_row() {
         let mut r = MissRun::default();
@@ -660,15 +675,7 @@ mod tests {
         assert_eq!(r.record(Outcome::Miss, 900, 3, 7), None);
         assert_eq!(r.record(Outcome::Start, 10, 3, 7), None); // neutral
         assert_eq!(r.record(Outcome::Miss, 300, 3, 7), None);
-        let run = |lo, hi, count| {
-            Some(Misses {
-                lo,
-                hi,
-                count,
-                scattered: false,
-            })
-        };
-        assert_eq!(r.record(Outcome::Miss, 500, 3, 7), run(300, 900, 3));
+        assert_eq!(r.record(Outcome::Miss, 500, 3, 7), near(300, 900, 3));
         assert_eq!(r.record(Outcome::Miss, 1, 3, 7), None); // counting starts afresh
         assert_eq!(r.record(Outcome::Miss, 1, 0, 7), None);
     }
@@ -676,22 +683,7 @@ mod tests {
     #[test]
     fn scattered_misses_hand_back_after_half_as_many() {
         let far = SCATTER_PAGES;
-        let run = |lo, hi, count| {
-            Some(Misses {
-                lo,
-                hi,
-                count,
-                scattered: true,
-            })
-        };
-        let near = |lo, hi, count| {
-            Some(Misses {
-                lo,
-                hi,
-                count,
-                scattered: false,
-            })
-        };
+        let run = |lo, hi, count| misses(lo, hi, count, true);
         // Each miss 4 PMDs or more from the one before: half of a limit of 8, and more than the
         // predictor's streams per thread: 5.
         let mut r = MissRun::default();

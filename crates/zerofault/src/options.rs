@@ -159,20 +159,24 @@ impl Kind for Load {
     }
 }
 
+/// Digits followed by the first of `units` (suffix, base units it stands for) that `s` ends
+/// with, or bare digits in base units; at most `max` base units.
+fn scaled(s: &str, units: &[(&str, u64)], max: u64) -> Option<u64> {
+    let (digits, scale) = units
+        .iter()
+        .find_map(|&(unit, scale)| s.strip_suffix(unit).map(|d| (d, scale)))
+        .unwrap_or((s, 1));
+    let n: u64 = digits.parse().ok()?;
+    n.checked_mul(scale).filter(|v| *v <= max)
+}
+
 /// A duration: milliseconds (`500ms`, `500`) or seconds (`2s`), at most a day.
 pub struct Millis;
 impl Kind for Millis {
     type Value = std::time::Duration;
     const ACCEPTS: &'static str = "a duration in ms or s (e.g. 500ms, 2s, 0), at most 86400s";
     fn parse(s: &str) -> Option<std::time::Duration> {
-        let (digits, scale) = match s.strip_suffix("ms") {
-            Some(d) => (d, 1),
-            None => s.strip_suffix('s').map_or((s, 1), |d| (d, 1000)),
-        };
-        let n: u64 = digits.parse().ok()?;
-        n.checked_mul(scale)
-            .filter(|ms| *ms <= 86_400_000)
-            .map(std::time::Duration::from_millis)
+        scaled(s, &[("ms", 1), ("s", 1_000)], 86_400_000).map(std::time::Duration::from_millis)
     }
     fn show(v: &std::time::Duration) -> String {
         let ms = v.as_millis();
@@ -191,19 +195,7 @@ impl Kind for Micros {
     type Value = std::time::Duration;
     const ACCEPTS: &'static str = "a duration in us, ms or s (e.g. 30us, 1ms, 0), at most 1s";
     fn parse(s: &str) -> Option<std::time::Duration> {
-        let (digits, scale) = if let Some(d) = s.strip_suffix("us") {
-            (d, 1)
-        } else if let Some(d) = s.strip_suffix("ms") {
-            (d, 1_000)
-        } else if let Some(d) = s.strip_suffix('s') {
-            (d, 1_000_000)
-        } else {
-            (s, 1)
-        };
-        let n: u64 = digits.parse().ok()?;
-        n.checked_mul(scale)
-            .filter(|us| *us <= 1_000_000)
-            .map(std::time::Duration::from_micros)
+        scaled(s, &[("us", 1), ("ms", 1_000), ("s", 1_000_000)], 1_000_000).map(std::time::Duration::from_micros)
     }
     fn show(v: &std::time::Duration) -> String {
         let us = v.as_micros();
