@@ -25,7 +25,7 @@
 //!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
 //!    for a fault nobody predicted. Once a stream reaches 2048, its windows also cover a
 //!    window ahead (`fault/ahead.rs`): whole PMDs after the window, as many pages as the stream
-//!    has written, up to 8192, so that a warm writer faults once per 32 MiB.
+//!    has written, up to 32768, so that a warm writer faults once per 128 MiB.
 //! 3. It claims the window in the range's page-state map (`pagemap.rs`): one atomic `fetch_or`
 //!    per 64 pages. The bits it set are the pages it installs; bits already set belong to
 //!    someone else. So two handlers never install the same page, and no lock is taken.

@@ -74,6 +74,19 @@ impl Kind for Order {
     }
 }
 
+/// The order of a window ahead: up to 2^18 pages (1 GiB).
+pub struct AheadOrder;
+impl Kind for AheadOrder {
+    type Value = u8;
+    const ACCEPTS: &'static str = "an integer order 0..=18 (a window ahead of 2^order pages, at most 1 GiB)";
+    fn parse(s: &str) -> Option<u8> {
+        s.parse::<u8>().ok().filter(|o| *o <= MAX_AHEAD_ORDER)
+    }
+    fn show(v: &u8) -> String {
+        v.to_string()
+    }
+}
+
 /// Orders added per predicted fault.
 pub struct Step;
 impl Kind for Step {
@@ -260,6 +273,8 @@ impl Kind for Method {
 
 /// The largest window order any knob accepts: 8192 pages, 32 MiB.
 pub const MAX_ORDER: u8 = 13;
+/// The largest `ahead_order`: 2^18 pages, 1 GiB.
+pub const MAX_AHEAD_ORDER: u8 = 18;
 
 /// The largest size any knob accepts: 2^47 bytes (128 TiB), the whole user address space of
 /// x86-64 with 4-level page tables. A multiple of 2 MiB, so rounding an accepted size up to
@@ -473,8 +488,8 @@ options! {
     /// guest each huge page moved then costs an interrupt on the writer's CPU: see DESIGN.md;
     /// with several handlers, `wake` works as `fault`).
     ahead: Ahead = "fault",
-    /// Largest window ahead: 2^order pages (at least one max_order window).
-    ahead_order: Order = "13",
+    /// Largest window ahead: 2^order pages (at least one max_order window; 15: 128 MiB).
+    ahead_order: AheadOrder = "15",
     /// Unpredicted faults in a row, in one region, after which the part of the region they
     /// fell in is handed back to the kernel (unregistered); half as many, and at least 5, when
     /// one thread made them all, each 8 MiB or more from the one before (random access), and

@@ -6,7 +6,7 @@
 //! window ahead: the whole PMDs after the window, as many pages as the stream has written so
 //! far (at least one max_order window, at most 2^ahead_order: a stream that stops leaves at
 //! most as much unused as it used), all of them huge pages but the fault's own PMD. The next
-//! fault comes at its end: a warm writer faults once per 2^ahead_order pages (32 MiB by
+//! fault comes at its end: a warm writer faults once per 2^ahead_order pages (128 MiB by
 //! default) instead of once per 8 MiB. Two ways, the `ahead` knob:
 //!
 //! - `fault` (default): [`super::locate`] widens the fault's window over the window ahead, and

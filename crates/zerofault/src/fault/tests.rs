@@ -511,6 +511,7 @@ fn a_confirmed_stream_installs_whole_pmds_ahead_as_far_as_it_has_written() {
     // 256 MiB, a pool of 4 KiB pages only (64 MiB, all ready): the window sizes alone.
     let big = |ahead| Options {
         ahead,
+        ahead_order: 13,
         pool_max: 64 << 20,
         ..opts(true)
     };
@@ -522,7 +523,7 @@ fn a_confirmed_stream_installs_whole_pmds_ahead_as_far_as_it_has_written() {
     // as the stream has written (1360 pages). From then on each window goes on to the PMD
     // boundary below twice what the stream has written: page 3408 + 3408 = 6816 rounds down
     // to 6656 (3248 pages), then 13312 (6656 pages). The next would be 2^13 pages
-    // (ahead_order), but only 3072 pages are left in the pool: the window ahead ends where
+    // (ahead_order 13 here), but only 3072 pages are left in the pool: the window ahead ends where
     // they do.
     assert_eq!(got, [16, 64, 256, 1024, 2048, 3248, 6656, 3072]);
     let st = s.stats.snapshot();
