@@ -271,7 +271,8 @@ impl Kind for Method {
     }
 }
 
-/// The largest window order any knob accepts: 8192 pages, 32 MiB.
+/// The largest order start_order and max_order accept: 8192 pages, 32 MiB (ahead_order has its
+/// own, [`MAX_AHEAD_ORDER`]).
 pub const MAX_ORDER: u8 = 13;
 /// The largest `ahead_order`: 2^18 pages, 1 GiB.
 pub const MAX_AHEAD_ORDER: u8 = 18;
