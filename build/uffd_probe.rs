@@ -205,12 +205,15 @@ fn main() {
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_uffd)");
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_stress_ng)");
     println!("cargo:rustc-check-cfg=cfg(zerofault_no_qemu)");
+    println!("cargo:rustc-check-cfg=cfg(zerofault_not_root)");
+    println!("cargo:rustc-check-cfg=cfg(zerofault_no_gdb)");
     println!("cargo:rerun-if-env-changed=ZEROFAULT_REQUIRE_UFFD");
     println!("cargo:rerun-if-env-changed=PATH");
     println!("cargo:rerun-if-changed=/proc/sys/vm/unprivileged_userfaultfd");
     println!("cargo:rerun-if-changed=/dev/userfaultfd");
     println!("cargo:rerun-if-changed=/usr/bin/stress-ng");
     println!("cargo:rerun-if-changed=/usr/bin/qemu-system-x86_64");
+    println!("cargo:rerun-if-changed=/usr/bin/gdb");
     if std::env::var("ZEROFAULT_REQUIRE_UFFD").as_deref() == Ok("1") {
         return;
     }
@@ -219,6 +222,21 @@ fn main() {
         println!(
             "cargo:warning=qemu-system-x86_64 is not installed: the multi-node VM tests are marked \
              ignored (apt-get install qemu-system-x86; .ci/run installs it)"
+        );
+    }
+    if !on_path("gdb") {
+        println!("cargo:rustc-cfg=zerofault_no_gdb");
+        println!(
+            "cargo:warning=gdb is not installed: the debugger tests are marked ignored (apt-get \
+             install gdb; .ci/run installs it)"
+        );
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("cargo:rustc-cfg=zerofault_not_root");
+        println!(
+            "cargo:warning=not root: the tests of privilege drops, namespaces and memory cgroups \
+             are marked ignored (.ci/run runs as root)"
         );
     }
     if !on_path("stress-ng") {

@@ -37,7 +37,12 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
+#include <linux/futex.h>
+#include <linux/seccomp.h>
+#include <linux/userfaultfd.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -89,8 +94,29 @@ static inline int load_state(void) { return __atomic_load_n(&state, __ATOMIC_ACQ
 #define cpu_relax() ((void)0)
 #endif
 
-/* A system call; -1 and errno on failure (glibc's syscall(2)). */
-static long raw(long n, long a, long b, long c, long d, long e, long f) { return syscall(n, a, b, c, d, e, f); }
+__attribute__((unused)) static long next_syscall(long n, long a, long b, long c, long d, long e, long f);
+
+/* A system call; -1 and errno on failure (as glibc's syscall(2), which this file defines for
+ * the program: see "The program's rights" below). */
+static long raw(long n, long a, long b, long c, long d, long e, long f) {
+#if defined(__x86_64__)
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    long r;
+    __asm__ volatile("syscall"
+                     : "=a"(r)
+                     : "a"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                     : "rcx", "r11", "memory");
+    if ((unsigned long)r > -4096UL) {
+        errno = (int)-r;
+        return -1;
+    }
+    return r;
+#else
+    return next_syscall(n, a, b, c, d, e, f);
+#endif
+}
 
 static void say(const char *a, const char *b, const char *c) {
     const char *parts[] = {a, b, c, "\n"};
@@ -153,6 +179,8 @@ static void *priv_carve(size_t n) {
         long p = raw(SYS_mmap, 0, PRIV_LEN, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
         if (p == -1)
             return NULL;
+        /* Ours, not the program's: left out of core dumps (gcore would write all 8 MiB). */
+        raw(SYS_madvise, p, PRIV_LEN, MADV_DONTDUMP, 0, 0, 0);
         __atomic_store_n(&priv_base, (uintptr_t)p, __ATOMIC_RELEASE);
     }
     if (n > PRIV_LEN - priv_used)
@@ -272,19 +300,28 @@ typedef int (*madvise_fn)(void *, size_t, int);
 typedef int (*mlockall_fn)(int);
 typedef int (*munlockall_fn)(void);
 
+/* The symbols up to S_SHIM_COUNT are the shim's too (it defines each); the rest only pass
+ * their calls on, around what the shim does (see "The program's rights"). */
 enum {
     S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
-    S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP, S_COUNT
+    S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP,
+    S_HOLD, S_RELEASE, S_FOREIGN, S_PREFAULT, S_SHIM_COUNT,
+    S_SETUID = S_SHIM_COUNT, S_SETGID, S_SETEUID, S_SETEGID, S_SETREUID, S_SETREGID, S_SETRESUID,
+    S_SETRESGID, S_SETGROUPS, S_CAPSET, S_PRCTL, S_UNSHARE, S_SETNS, S_SYSCALL, S_IOCTL, S_COUNT
 };
 static const char *const names[S_COUNT] = {
     "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
     "memalign", "valloc", "pvalloc", "malloc_usable_size", "mmap", "mmap64", "mremap", "madvise",
     "mlockall", "munlockall", "zerofault_map", "zerofault_unmap", "zerofault_active",
     "zerofault_stats_json", "zerofault_recycle", "munmap",
+    "zerofault_hold_threads", "zerofault_release_threads", "zerofault_foreign_register",
+    "zerofault_prefault",
+    "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
+    "setgroups", "capset", "prctl", "unshare", "setns", "syscall", "ioctl",
 };
 static void *nexts[S_COUNT]; /* atomic */
-static void *shim[S_COUNT];  /* the shim's definitions, set before state is READY */
+static void *shim[S_SHIM_COUNT]; /* the shim's definitions, set before state is READY */
 
 static void *next_sym(int s) {
     void *f = __atomic_load_n(&nexts[s], __ATOMIC_ACQUIRE);
@@ -339,7 +376,7 @@ static int load(void) {
         say("zerofault: cannot load the shim (", why ? why : shim_path, "); running without the engine");
     } else {
         ok = 1;
-        for (int i = 0; i < S_COUNT; i++)
+        for (int i = 0; i < S_SHIM_COUNT; i++)
             if (!(shim[i] = dlsym(h, names[i])))
                 ok = 0;
         int (*init)(const struct zf_front_api *) = (int (*)(const struct zf_front_api *))dlsym(h, "zerofault_shim_init");
@@ -698,4 +735,190 @@ EXPORT size_t zerofault_stats_json(char *buf, size_t cap) {
         buf[n] = 0;
     }
     return len;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* The program's rights (the shim's rights.rs says why each of these is here)
+ *
+ * - Credentials, capabilities, NO_NEW_PRIVS and user namespaces: the engine's threads are
+ *   stopped around the call and started again from the calling thread, which hands them its
+ *   new state (they are raw clones: glibc's set*id broadcast never reaches them).
+ * - A seccomp filter: the engine stops for good before it (before the shim is loaded: the
+ *   shim never is).
+ * - UFFDIO_REGISTER refused with EBUSY (memory the engine serves): tried once more after the
+ *   shim handed that memory back to the kernel.
+ * - A futex operation that failed with EFAULT on memory the engine serves (the kernel faults
+ *   the word in with no way to wait for a userfaultfd): tried once more after the shim had the
+ *   engine serve the words.
+ * Every other call passes straight on, at the cost of a comparison. The program's raw
+ * `syscall` instructions are not seen (README, limits). */
+
+enum { FOLLOW = 0, FOR_GOOD = 1 };
+
+/* 1 when the threads were stopped and must be started again after the call. */
+static int hold(int how) {
+    if (tls.in_hook)
+        return 0;
+    if (load_state() == READY)
+        return ((int (*)(int))shim[S_HOLD])(how);
+    if (how == FOR_GOOD) {
+        /* Before the shim is loaded: it never is (a filter may refuse what loading it calls,
+         * or what the engine's threads call, and kill the process for it). */
+        int idle = IDLE;
+        __atomic_compare_exchange_n(&state, &idle, OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+    return 0;
+}
+
+static void release_threads(int held) {
+    if (held) {
+        int saved = errno;
+        ((void (*)(void))shim[S_RELEASE])();
+        errno = saved;
+    }
+}
+
+#define AROUND(how, call)                                                                          \
+    do {                                                                                           \
+        int held_ = hold(how);                                                                     \
+        long r_ = (long)(call);                                                                    \
+        release_threads(held_);                                                                    \
+        return r_;                                                                                 \
+    } while (0)
+
+EXPORT int setuid(uid_t u) { AROUND(FOLLOW, NEXT(SETUID, int (*)(uid_t))(u)); }
+EXPORT int setgid(gid_t g) { AROUND(FOLLOW, NEXT(SETGID, int (*)(gid_t))(g)); }
+EXPORT int seteuid(uid_t u) { AROUND(FOLLOW, NEXT(SETEUID, int (*)(uid_t))(u)); }
+EXPORT int setegid(gid_t g) { AROUND(FOLLOW, NEXT(SETEGID, int (*)(gid_t))(g)); }
+EXPORT int setreuid(uid_t r, uid_t e) { AROUND(FOLLOW, NEXT(SETREUID, int (*)(uid_t, uid_t))(r, e)); }
+EXPORT int setregid(gid_t r, gid_t e) { AROUND(FOLLOW, NEXT(SETREGID, int (*)(gid_t, gid_t))(r, e)); }
+EXPORT int setresuid(uid_t r, uid_t e, uid_t s) {
+    AROUND(FOLLOW, NEXT(SETRESUID, int (*)(uid_t, uid_t, uid_t))(r, e, s));
+}
+EXPORT int setresgid(gid_t r, gid_t e, gid_t s) {
+    AROUND(FOLLOW, NEXT(SETRESGID, int (*)(gid_t, gid_t, gid_t))(r, e, s));
+}
+EXPORT int setgroups(size_t n, const gid_t *list) {
+    AROUND(FOLLOW, NEXT(SETGROUPS, int (*)(size_t, const gid_t *))(n, list));
+}
+EXPORT int capset(void *hdr, void *data) { AROUND(FOLLOW, NEXT(CAPSET, int (*)(void *, void *))(hdr, data)); }
+EXPORT int unshare(int flags) { AROUND(FOLLOW, NEXT(UNSHARE, int (*)(int))(flags)); }
+EXPORT int setns(int fd, int type) { AROUND(FOLLOW, NEXT(SETNS, int (*)(int, int))(fd, type)); }
+
+/* What a prctl option asks of the engine's threads: -1 nothing. */
+static int prctl_how(long option) {
+    switch (option) {
+    case PR_SET_SECCOMP:
+        return FOR_GOOD;
+    case PR_SET_NO_NEW_PRIVS:
+    case PR_CAPBSET_DROP:
+    case PR_SET_SECUREBITS:
+    case PR_CAP_AMBIENT:
+        return FOLLOW;
+    default:
+        return -1;
+    }
+}
+
+EXPORT int prctl(int option, ...) {
+    va_list ap;
+    va_start(ap, option);
+    unsigned long a = va_arg(ap, unsigned long), b = va_arg(ap, unsigned long);
+    unsigned long c = va_arg(ap, unsigned long), d = va_arg(ap, unsigned long);
+    va_end(ap);
+    int (*next)(int, ...) = NEXT(PRCTL, int (*)(int, ...));
+    int how = prctl_how(option);
+    if (how < 0)
+        return next(option, a, b, c, d);
+    AROUND(how, next(option, a, b, c, d));
+}
+
+__attribute__((unused)) static long next_syscall(long n, long a, long b, long c, long d, long e, long f) {
+    return NEXT(SYSCALL, long (*)(long, ...))(n, a, b, c, d, e, f);
+}
+
+/* Whether futex operation `op` uses its fifth argument as a second word. */
+static int futex_second_word(long op) {
+    switch (op & FUTEX_CMD_MASK) {
+    case FUTEX_WAKE_OP:
+    case FUTEX_REQUEUE:
+    case FUTEX_CMP_REQUEUE:
+    case FUTEX_CMP_REQUEUE_PI:
+    case FUTEX_WAIT_REQUEUE_PI:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+static long futex_call(long a, long b, long c, long d, long e, long f) {
+    long r = raw(SYS_futex, a, b, c, d, e, f);
+    if (r == -1 && errno == EFAULT && !tls.in_hook && load_state() == READY) {
+        void *second = futex_second_word(b) ? (void *)e : NULL;
+        if (((int (*)(void *, void *))shim[S_PREFAULT])((void *)a, second))
+            r = raw(SYS_futex, a, b, c, d, e, f);
+        else
+            errno = EFAULT;
+    }
+    return r;
+}
+
+static long ioctl_call(int fd, unsigned long req, void *arg) {
+    long r = raw(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
+    if (r == -1 && errno == EBUSY && req == UFFDIO_REGISTER && !tls.in_hook && load_state() == READY) {
+        if (((int (*)(int, void *))shim[S_FOREIGN])(fd, arg))
+            r = raw(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
+        else
+            errno = EBUSY;
+    }
+    return r;
+}
+
+EXPORT int ioctl(int fd, unsigned long req, ...) {
+    va_list ap;
+    va_start(ap, req);
+    void *arg = va_arg(ap, void *);
+    va_end(ap);
+    if (req != UFFDIO_REGISTER)
+        return (int)raw(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
+    return (int)ioctl_call(fd, req, arg);
+}
+
+EXPORT long syscall(long n, ...) {
+    va_list ap;
+    va_start(ap, n);
+    long a = va_arg(ap, long), b = va_arg(ap, long), c = va_arg(ap, long);
+    long d = va_arg(ap, long), e = va_arg(ap, long), f = va_arg(ap, long);
+    va_end(ap);
+    if (tls.in_hook)
+        return raw(n, a, b, c, d, e, f);
+    switch (n) {
+    case SYS_futex:
+        return futex_call(a, b, c, d, e, f);
+    case SYS_ioctl:
+        return (unsigned long)b == UFFDIO_REGISTER ? ioctl_call((int)a, (unsigned long)b, (void *)c)
+                                                   : raw(n, a, b, c, d, e, f);
+    case SYS_seccomp:
+        if (a == SECCOMP_SET_MODE_STRICT || a == SECCOMP_SET_MODE_FILTER)
+            AROUND(FOR_GOOD, raw(n, a, b, c, d, e, f));
+        break;
+    case SYS_prctl: {
+        int how = prctl_how(a);
+        if (how >= 0)
+            AROUND(how, raw(n, a, b, c, d, e, f));
+        break;
+    }
+    case SYS_setuid:
+    case SYS_setgid:
+    case SYS_setreuid:
+    case SYS_setregid:
+    case SYS_setresuid:
+    case SYS_setresgid:
+    case SYS_setgroups:
+    case SYS_capset:
+    case SYS_unshare:
+    case SYS_setns:
+        AROUND(FOLLOW, raw(n, a, b, c, d, e, f));
+    }
+    return raw(n, a, b, c, d, e, f);
 }

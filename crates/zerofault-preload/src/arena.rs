@@ -16,6 +16,12 @@
 //!   caller aborts, naming it, as glibc does. The map is a `MAP_NORESERVE` mapping touched only
 //!   where blocks are.
 //!
+//! ## Advice
+//! Free pages carry no advice from their last block: a free leaves them `MADV_DONTDUMP` (a
+//! core dump holds no freed block, as natively, where it is unmapped) and, once the program
+//! gave arena memory fork or huge-page advice ([`ADVISED`]), back on `MADV_DOFORK`,
+//! `MADV_KEEPONFORK` and the arena's `MADV_NOHUGEPAGE`. A block handed out is `MADV_DODUMP`.
+//!
 //! ## Zero-ness
 //! Every page on the free list reads zero: it was never touched, or its block was discarded
 //! by an `MADV_DONTNEED` that succeeded, or (when that fails: an `mlock`ed block the program
@@ -26,6 +32,12 @@
 use engine::os::mman::{self, PAGE_SIZE, PMD_SIZE};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+
+/// Set once the program gave memory of the arena fork or huge-page advice (`MADV_DONTFORK`,
+/// `MADV_WIPEONFORK`, `MADV_HUGEPAGE`, `MADV_NOHUGEPAGE`): from then on a freed block's
+/// advice is put back as a fresh mapping's (see "Advice" above). Until then a free makes no
+/// such call.
+pub static ADVISED: AtomicBool = AtomicBool::new(false);
 
 /// Extents the free list can hold; a free that would need more leaks its pages (counted).
 pub const MAX_EXTENTS: usize = 4096;
@@ -301,8 +313,9 @@ impl Arena {
 
     /// A zero block of `size` bytes aligned to `align`, read-write; locked too when `lock` (the
     /// program asked for `mlockall(MCL_FUTURE)`, which a native mapping would get). None when
-    /// the arena is full.
-    pub fn alloc(&self, size: usize, align: usize, lock: bool) -> Option<usize> {
+    /// the arena is full. `header(page)` is offered the header's page before it is written
+    /// (the engine installs it alone: see `Engine::fill_page`).
+    pub fn alloc(&self, size: usize, align: usize, lock: bool, header: &dyn Fn(usize)) -> Option<usize> {
         let (pages, _) = layout(size, align)?;
         let first = self.free.with(|f| f.take(pages))?;
         let block = self.base + first as usize * PAGE_SIZE;
@@ -313,6 +326,8 @@ impl Arena {
             self.free.with(|f| f.give(first, pages));
             return None;
         }
+        // SAFETY: as above; dump advice changes no content.
+        let _ = unsafe { mman::madvise(block, bytes, libc::MADV_DODUMP) };
         if lock {
             let _ = mman::mlock(block, bytes);
         }
@@ -323,6 +338,7 @@ impl Arena {
             pages,
             usable: (block + bytes - p) as u64,
         };
+        header(p - PAGE_SIZE);
         // SAFETY: [p - HEADER, p) lies in the page before p, inside the block, which is ours and
         // read-write now; the write may fault, served by the engine.
         unsafe { ((p - HEADER) as *mut Header).write(h) };
@@ -372,12 +388,18 @@ impl Arena {
     unsafe fn release(&self, first: u64, pages: u64, recycle: &dyn Fn(usize, usize) -> bool) {
         let addr = self.base + first as usize * PAGE_SIZE;
         let bytes = pages as usize * PAGE_SIZE;
-        // SAFETY: the caller's contract.
+        // SAFETY: the caller's contract; advice changes no content.
         unsafe {
             if !recycle(addr, bytes) {
                 discard(addr, bytes);
             }
             let _ = mman::protect(addr, bytes, libc::PROT_NONE);
+            let _ = mman::madvise(addr, bytes, libc::MADV_DONTDUMP);
+            if ADVISED.load(Relaxed) {
+                let _ = mman::madvise(addr, bytes, libc::MADV_DOFORK);
+                let _ = mman::madvise(addr, bytes, libc::MADV_KEEPONFORK);
+                let _ = mman::madvise(addr, bytes, libc::MADV_NOHUGEPAGE);
+            }
         }
         self.free.with(|f| f.give(first, pages));
     }
@@ -399,6 +421,8 @@ impl Arena {
             self.free.with(|f| f.give(end, extra));
             return None;
         }
+        // SAFETY: as above; dump advice changes no content.
+        let _ = unsafe { mman::madvise(tail, bytes, libc::MADV_DODUMP) };
         if lock {
             let _ = mman::mlock(tail, bytes);
         }
@@ -413,8 +437,9 @@ impl Arena {
     }
 
     /// Gives back the pages of the block at `p` beyond `size` bytes from `p`, when that frees
-    /// at least `min_pages`.
-    pub fn shrink(&self, p: usize, h: Header, size: usize, min_pages: u64) {
+    /// at least `min_pages`. `renew(addr, len)` is offered them first, as `recycle` in
+    /// [`Arena::free`] (the pages are discarded unless it returns `true`).
+    pub fn shrink(&self, p: usize, h: Header, size: usize, min_pages: u64, renew: &dyn Fn(usize, usize) -> bool) {
         let block = self.base + h.first as usize * PAGE_SIZE;
         let keep = (p - block + size.max(1)).div_ceil(PAGE_SIZE) as u64;
         let Some(spare) = h.pages.checked_sub(keep).filter(|s| *s >= min_pages.max(1)) else {
@@ -428,7 +453,7 @@ impl Arena {
         // SAFETY: the header of a live block of ours, read-write.
         unsafe { ((p - HEADER) as *mut Header).write(n) };
         // SAFETY: the block's pages past what it keeps, which its owner gives up by shrinking.
-        unsafe { self.release(h.first + keep, spare, &|_, _| false) };
+        unsafe { self.release(h.first + keep, spare, renew) };
     }
 
     /// Calls `f(addr, len)` for every free extent (to unlock them after `mlockall`).
@@ -557,7 +582,7 @@ mod tests {
     #[test]
     fn blocks_are_zero_and_freed_blocks_go_back_to_the_kernel() {
         let a = Arena::new(64 << 20).unwrap();
-        let p = a.alloc(8 << 20, 16, false).unwrap();
+        let p = a.alloc(8 << 20, 16, false, &|_| ()).unwrap();
         // SAFETY: p is a live 8 MiB block of ours.
         let s = unsafe { std::slice::from_raw_parts_mut(p as *mut u8, 8 << 20) };
         assert!(engine::is_zero(s));
@@ -571,7 +596,7 @@ mod tests {
             Err(Invalid),
             "so is a pointer inside a block"
         );
-        let q = a.alloc(8 << 20, 16, false).unwrap();
+        let q = a.alloc(8 << 20, 16, false, &|_| ()).unwrap();
         assert_eq!(q, p, "first fit");
         // SAFETY: q is a live 8 MiB block of ours.
         assert!(engine::is_zero(unsafe {
@@ -585,12 +610,12 @@ mod tests {
     #[test]
     fn a_locked_block_freed_without_unlocking_still_comes_back_zero() {
         let a = Arena::new(16 << 20).unwrap();
-        let p = a.alloc(4 << 20, 16, false).unwrap();
+        let p = a.alloc(4 << 20, 16, false, &|_| ()).unwrap();
         mman::mlock(p, 4 << 20).unwrap();
         // SAFETY: p is a live 4 MiB block of ours.
         unsafe { std::ptr::write_bytes(p as *mut u8, 0x5a, 4 << 20) };
         a.free(p, &|_, _| false).unwrap();
-        let q = a.alloc(4 << 20, 16, false).unwrap();
+        let q = a.alloc(4 << 20, 16, false, &|_| ()).unwrap();
         assert_eq!(q, p);
         // SAFETY: q is a live 4 MiB block of ours.
         let s = unsafe { std::slice::from_raw_parts(q as *const u8, 4 << 20) };
@@ -601,7 +626,7 @@ mod tests {
     #[test]
     fn blocks_grow_in_place_and_shrink() {
         let a = Arena::new(64 << 20).unwrap();
-        let p = a.alloc(4 << 20, 16, false).unwrap();
+        let p = a.alloc(4 << 20, 16, false, &|_| ()).unwrap();
         let h = a.block(p).unwrap();
         // SAFETY: p is a live block of at least 4 MiB.
         unsafe { (p as *mut u8).add((4 << 20) - 1).write(7) };
@@ -612,9 +637,9 @@ mod tests {
             assert_eq!((p as *const u8).add((4 << 20) - 1).read(), 7);
             (p as *mut u8).add((6 << 20) - 1).write(8);
         }
-        let q = a.alloc(1 << 20, 16, false).unwrap();
+        let q = a.alloc(1 << 20, 16, false, &|_| ()).unwrap();
         assert!(a.grow_in_place(p, g, 8 << 20, false).is_none(), "q is in the way");
-        a.shrink(p, g, 1 << 20, 16);
+        a.shrink(p, g, 1 << 20, 16, &|_, _| false);
         assert_eq!(a.block(p).unwrap().usable, 1 << 20);
         assert!(a.block(q).is_ok());
         a.free(p, &|_, _| false).unwrap();

@@ -65,6 +65,8 @@ mod mmap;
 #[cfg(not(test))]
 mod next;
 #[cfg(not(test))]
+pub mod rights;
+#[cfg(not(test))]
 mod state;
 
 #[cfg(not(test))]
@@ -73,6 +75,8 @@ pub use capi::*;
 pub use malloc::*;
 #[cfg(not(test))]
 pub use mmap::*;
+#[cfg(not(test))]
+pub use rights::*;
 
 #[global_allocator]
 static ALLOC: engine::os::alloc::EngineAlloc = engine::os::alloc::EngineAlloc;

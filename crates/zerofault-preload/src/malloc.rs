@@ -1,9 +1,11 @@
 //! The malloc family: large blocks from the arena, everything else from the next allocator.
 
+use crate::arena::ADVISED;
 use crate::next;
 use crate::state::{self, abort_invalid, arena, enter, threshold};
 use engine::os::mman::PAGE_SIZE;
 use libc::{c_int, c_void, size_t};
+use std::sync::atomic::Ordering::Relaxed;
 
 /// A realloc that shrinks a block by at least this many pages gives them back.
 const SHRINK_MIN_PAGES: u64 = 256;
@@ -17,8 +19,17 @@ fn large(size: usize, align: usize) -> Option<*mut c_void> {
     let _g = enter()?;
     state::engine()?;
     arena()?
-        .alloc(size, align, state::lock_future())
+        .alloc(size, align, state::lock_future(), &header_page)
         .map(|p| p as *mut c_void)
+}
+
+/// A new block's header page, installed alone before the arena writes the header: its fault
+/// would bring a window of the block's pages with it, which the program did not touch.
+fn header_page(page: usize) {
+    let _q = state::Quiet::new();
+    if let Some(e) = state::running() {
+        e.fill_page(page);
+    }
 }
 
 /// malloc(3): a large request (at least the `preload_threshold` knob) gets an arena block the engine serves; the rest goes to the next allocator.
@@ -82,13 +93,29 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 /// blocked and errno kept meanwhile: the recycle takes the engine's locks.
 fn recycle(addr: usize, len: usize) -> bool {
     let Some(_g) = enter() else { return false };
+    let _q = state::Quiet::new();
+    if crate::rights::renew_foreign(addr, len) {
+        return true;
+    }
+    if ADVISED.load(Relaxed) {
+        if let Some(e) = state::running() {
+            e.set_huge(addr, len, false);
+        }
+    }
     let Some(e) = state::running().filter(|e| e.options().recycle && e.serves_any(addr, len)) else {
         return false;
     };
-    let _q = state::Quiet::new();
     // SAFETY: a block the program freed: its pages are given up (the arena makes them
     // PROT_NONE right after).
     unsafe { e.recycle(addr as *mut u8, len) }.is_ok()
+}
+
+/// The pages a shrinking block gives back: mapped afresh where the program had registered
+/// them with a userfaultfd of its own (else discarded by the arena).
+fn renew_tail(addr: usize, len: usize) -> bool {
+    let Some(_g) = enter() else { return false };
+    let _q = state::Quiet::new();
+    crate::rights::renew_foreign(addr, len)
 }
 
 /// Moves `len` bytes (whole pages) from arena block `p` to fresh arena block `q`: the pages
@@ -139,7 +166,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
             return std::ptr::null_mut();
         }
         if size as u64 <= h.usable {
-            a.shrink(at, h, size, SHRINK_MIN_PAGES);
+            a.shrink(at, h, size, SHRINK_MIN_PAGES, &renew_tail);
             return p;
         }
         if a.grow_in_place(at, h, size, state::lock_future()).is_some() {

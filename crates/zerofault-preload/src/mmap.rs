@@ -52,6 +52,16 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
     let r = unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) } as c_int;
+    let lasting = [
+        libc::MADV_DONTFORK,
+        libc::MADV_WIPEONFORK,
+        libc::MADV_HUGEPAGE,
+        libc::MADV_NOHUGEPAGE,
+    ];
+    if r == 0 && lasting.contains(&advice) && arena().is_some_and(|a| a.contains(addr as usize)) {
+        // A freed block's advice is put back from now on (arena.rs, "Advice").
+        crate::arena::ADVISED.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
     if r == 0 && (advice == libc::MADV_HUGEPAGE || advice == libc::MADV_NOHUGEPAGE) {
         if let Some(_g) = enter() {
             let _q = Quiet::new();

@@ -54,6 +54,10 @@ static THP_ALWAYS: AtomicBool = AtomicBool::new(false);
 /// would be.
 static LOCK_FUTURE: AtomicBool = AtomicBool::new(false);
 
+/// The process installed a seccomp filter (or started under one): no engine starts in it or
+/// in its fork children, which inherit the filter (see `rights.rs`).
+static SANDBOXED: AtomicBool = AtomicBool::new(false);
+
 /// A thread's flags (C `struct zf_flags` in front/front.c).
 #[repr(C)]
 #[derive(Default)]
@@ -255,6 +259,19 @@ pub fn engine() -> Option<&'static Engine> {
     running()
 }
 
+/// Whether the knobs ask for a line on what the shim does (`ZEROFAULT_VERBOSE`).
+pub fn verbose() -> bool {
+    OPTIONS.get().is_some_and(|o| o.verbose)
+}
+
+/// From now on no engine starts in this process or its fork children: returns this process's
+/// engine, if it runs, for the caller to stop.
+pub fn switch_off() -> Option<&'static Engine> {
+    SANDBOXED.store(true, Release);
+    let _ = STATE.compare_exchange(IDLE, OFF, AcqRel, Acquire);
+    running()
+}
+
 /// The arena, once the engine made it.
 pub fn arena() -> Option<&'static Arena> {
     let a = ARENA.load(Acquire);
@@ -267,13 +284,33 @@ pub fn arena() -> Option<&'static Arena> {
 /// nodes' pools), so that what the program may map stays what it would be without the shim,
 /// within that.
 fn start() {
-    if STATE.compare_exchange(IDLE, STARTING, AcqRel, Acquire).is_err() {
+    if SANDBOXED.load(Acquire) || STATE.compare_exchange(IDLE, STARTING, AcqRel, Acquire).is_err() {
         return;
     }
     let Some(mut opts) = OPTIONS.get().cloned() else {
         STATE.store(OFF, Release);
         return;
     };
+    // A filter may refuse (or kill the process for) what the engine calls; a tracer reads
+    // memory it cannot wait for the engine to fill (rights.rs).
+    let off = if engine::os::thread::seccomp_filtered() {
+        SANDBOXED.store(true, Release);
+        Some("the process runs under a seccomp filter")
+    } else if engine::os::thread::traced() {
+        Some("the process is being traced (a debugger reads memory the engine cannot fill for it)")
+    } else {
+        None
+    };
+    if let Some(why) = off {
+        if opts.verbose {
+            say(&format!(
+                "zerofault: engine not started in pid {}: {why}; running on plain memory",
+                getpid()
+            ));
+        }
+        STATE.store(OFF, Release);
+        return;
+    }
     let limit = engine::os::mman::address_limit();
     if let Some(l) = limit {
         let pool = (l / 32) / PMD_SIZE * PMD_SIZE;
@@ -506,6 +543,17 @@ extern "C" fn fork_child() {
     // once instead of waiting for it.
     let _ = STATE.compare_exchange(STARTING, OFF, AcqRel, Relaxed);
     if STATE.load(Acquire) != READY {
+        return;
+    }
+    if SANDBOXED.load(Acquire) {
+        // The filter is the child's too: its engine never starts (the parent's is leaked below
+        // all the same, its descriptor closed).
+        let old = ENGINE.swap(std::ptr::null_mut(), AcqRel);
+        if !old.is_null() {
+            // SAFETY: as below.
+            unsafe { &*old }.close_after_fork();
+        }
+        STATE.store(OFF, Release);
         return;
     }
     let old = ENGINE.swap(std::ptr::null_mut(), AcqRel);

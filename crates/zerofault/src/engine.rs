@@ -175,6 +175,21 @@ impl Shared {
         }
     }
 
+    /// Hands every fault to the kernel for good, from an engine thread (the scrub, on seeing
+    /// a tracer): `failed` is set, and every handler is woken by its doorbell to see it and
+    /// leave; the last to leave closes the descriptor. DESIGN.md, "The program's rights".
+    ///
+    /// # Context
+    /// A scrub thread; takes no lock.
+    pub(crate) fn step_aside(&self) {
+        if self.failed.swap(true, AcqRel) {
+            return;
+        }
+        Stats::add(&self.stats.steps_aside, 1);
+        self.kick_scrubs();
+        ring_doorbells(self, self.handling.len());
+    }
+
     /// See [`Shared::reg`].
     pub(crate) fn reg_lock(&self) -> MutexGuard<'_, ()> {
         self.reg.lock().unwrap_or_else(|e| e.into_inner())
@@ -219,9 +234,19 @@ impl Shared {
 #[derive(Debug)]
 pub struct Engine {
     shared: Arc<Shared>,
+    /// The engine's threads; empty while paused ([`Engine::pause`]).
+    threads: Mutex<Threads>,
+}
+
+/// The engine's threads.
+#[derive(Debug, Default)]
+struct Threads {
     handlers: Vec<EngineThread>,
     /// One scrub thread per pool.
     scrubbers: Vec<EngineThread>,
+    /// Between [`Engine::pause`] and [`Engine::resume`] (or for good, after
+    /// [`Engine::stop_for_good`]).
+    paused: bool,
 }
 
 /// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
@@ -408,21 +433,31 @@ impl Engine {
         // Built before spawning, so that a failed spawn drops an Engine that stops what started
         // (its drop rings one doorbell per handler started).
         let mut engine = Engine {
-            shared: shared.clone(),
-            handlers: Vec::with_capacity(handlers),
-            scrubbers: Vec::new(),
+            shared,
+            threads: Mutex::new(Threads::default()),
         };
-        for i in 0..handlers {
+        let threads = engine.threads.get_mut().unwrap_or_else(|e| e.into_inner());
+        Engine::spawn_handlers(&engine.shared, threads)?;
+        Engine::spawn_scrubbers(&engine.shared, threads)?;
+        Ok(engine)
+    }
+
+    fn spawn_handlers(shared: &Arc<Shared>, threads: &mut Threads) -> Result<(), EngineError> {
+        for i in 0..shared.handling.len() {
             let s = shared.clone();
             let t = sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i)));
-            engine.handlers.push(t.map_err(EngineError::Thread)?);
+            threads.handlers.push(t.map_err(EngineError::Thread)?);
         }
+        Ok(())
+    }
+
+    fn spawn_scrubbers(shared: &Arc<Shared>, threads: &mut Threads) -> Result<(), EngineError> {
         for i in 0..shared.pools.len() {
             let s = shared.clone();
             let t = sys::thread::spawn("zerofault-scrub", Box::new(move || scrub::run(s, i)));
-            engine.scrubbers.push(t.map_err(EngineError::Thread)?);
+            threads.scrubbers.push(t.map_err(EngineError::Thread)?);
         }
-        Ok(engine)
+        Ok(())
     }
 
     /// Starts an engine with the options of the environment (`ZEROFAULT_<NAME>`).
@@ -440,8 +475,11 @@ impl Engine {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
         let addr =
             mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, false).map_err(EngineError::Map)?;
-        // SAFETY: a fresh mapping of ours; huge-page advice changes no content.
+        // SAFETY: a fresh mapping of ours; huge-page and dump advice change no content. The
+        // program's memory, dumped with the process (map_aligned left it out).
         let _ = unsafe { mman::madvise(addr, len, mman::MADV_NOHUGEPAGE) };
+        // SAFETY: as above.
+        let _ = unsafe { mman::madvise(addr, len, libc::MADV_DODUMP) };
         let id = self.shared.next_region.fetch_add(1, Relaxed);
         // SAFETY: a fresh anonymous private mapping of ours, served by this engine from now on.
         if let Err(e) = unsafe { self.shared.register_range(addr, len, Some(id), true) } {
@@ -559,6 +597,69 @@ impl Engine {
         }
     }
 
+    /// Before the program registers `[addr, addr + len)` with a userfaultfd of its own: every
+    /// part of it the engine serves is handed back to the kernel (unregistered and forgotten),
+    /// so that the program's registration finds the memory as it would natively. Returns
+    /// whether the engine served any of it. Pages already there stay.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes the registration lock.
+    pub fn step_aside(&self, addr: usize, len: usize) -> bool {
+        let start = addr & !(PAGE_SIZE - 1);
+        let end = addr.saturating_add(len).saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        let mut any = false;
+        for r in self.shared.ranges.ranges() {
+            let (a, b) = (r.start.max(start), r.end().min(end));
+            if a < b {
+                self.release(a, b - a);
+                any = true;
+            }
+        }
+        any
+    }
+
+    /// Installs one zero page at `addr` (page aligned) from the calling thread, if the engine
+    /// serves it and nobody installed it yet: for a page written alone where nothing follows
+    /// (an allocator's block header), which a fault would answer with a whole window of pages
+    /// the program never asked for (a userfaultfd of the program's own, registered on the block
+    /// right after, would then find them present where natively they are missing). Returns
+    /// whether the page is there now; otherwise the write faults as usual.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes no lock but a read guard on the
+    /// descriptor.
+    pub fn fill_page(&self, addr: usize) -> bool {
+        let page = addr & !(PAGE_SIZE - 1);
+        let Some(r) = self.shared.ranges.find(page) else {
+            return false;
+        };
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let Some(u) = uffd.as_ref() else { return false };
+        let mut runs = Vec::with_capacity(1);
+        let ix = r.page_of(page);
+        r.map.claim(ix, 1, &mut runs);
+        if runs.is_empty() {
+            return false; // someone else's: installed, or being installed
+        }
+        // SAFETY: one claimed page of a range this engine serves, filled from the zero source.
+        let p = unsafe { u.copy(page, self.shared.zero.addr(), PAGE_SIZE) };
+        match p.errno {
+            None | Some(Errno(libc::EEXIST)) => {
+                Stats::add(&self.shared.stats.pages_copied, 1);
+                true
+            }
+            Some(_) => {
+                r.map.clear(ix, 1);
+                false
+            }
+        }
+    }
+
+    /// Whether `fd` is the engine's own userfaultfd.
+    pub fn is_own_uffd(&self, fd: i32) -> bool {
+        self.shared.uffd_identity.as_ref().is_some_and(|id| id.is(fd))
+    }
+
     /// The program's transparent-huge-page advice for `[addr, addr + len)`: `true` for
     /// `MADV_HUGEPAGE` (or new memory under THP `always`), `false` for `MADV_NOHUGEPAGE`. Where
     /// it is on, a write fault takes whole huge pages, as the kernel would give it.
@@ -644,7 +745,8 @@ impl Engine {
             v.extend(p.areas());
         }
         v.extend(self.shared.stage.iter().map(|m| (m.as_ptr() as usize, m.len())));
-        v.extend(self.handlers.iter().chain(&self.scrubbers).map(|t| t.area()));
+        let t = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        v.extend(t.handlers.iter().chain(&t.scrubbers).map(|t| t.area()));
         v
     }
 
@@ -786,44 +888,145 @@ impl Engine {
     pub fn is_active(&self) -> bool {
         !self.shared.failed.load(Acquire)
     }
+
+    /// Stops the engine's threads, and returns once none of them is left in the process: for a
+    /// call that must find the process as the program made it (`setuid` and the rest of the
+    /// credential calls, `unshare` and `setns`, which need a one-threaded process for a user
+    /// namespace, `PR_SET_NO_NEW_PRIVS`), after which [`Engine::resume`] starts them again from
+    /// the calling thread, which hands them the new credentials, namespaces and flags, as
+    /// `clone(2)` does. Registered memory stays registered: until then a fault there waits
+    /// (a program thread's fault, or a `MADV_DONTNEED` of served memory, waits for the resume),
+    /// so the caller resumes right after its call. The scrub threads stop first: a discard of
+    /// theirs in a registered pool ring waits for a handler to read its event.
+    /// Returns false when the engine was paused already. DESIGN.md, "The program's rights".
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes the threads' lock; sleeps until
+    /// the threads have left (they need no lock the caller holds).
+    pub fn pause(&self) -> bool {
+        let mut t = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if t.paused {
+            return false;
+        }
+        t.paused = true;
+        self.shared.stopping.store(true, Release);
+        self.shared.kick_scrubs();
+        let tids: Vec<u32> = t.handlers.iter().chain(&t.scrubbers).map(EngineThread::tid).collect();
+        for s in t.scrubbers.drain(..) {
+            // A SCHED_IDLE thread on a busy machine would take seconds to see `stopping`.
+            sys::thread::make_normal(s.tid());
+            s.join();
+        }
+        let handlers = std::mem::take(&mut t.handlers);
+        ring_doorbells(&self.shared, handlers.len());
+        for h in handlers {
+            h.join();
+        }
+        sys::thread::wait_gone(&tids);
+        true
+    }
+
+    /// Starts the threads [`Engine::pause`] stopped, from the calling thread. Where a thread
+    /// cannot be started, the engine fails open (the kernel serves every fault from then on).
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked, right after its call; takes the
+    /// threads' lock.
+    pub fn resume(&self) {
+        let mut t = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        if !t.paused || self.shared.failed.load(Acquire) {
+            return;
+        }
+        t.paused = false;
+        self.shared.stopping.store(false, Release);
+        let started = Engine::spawn_handlers(&self.shared, &mut t);
+        if started.is_ok() {
+            // The doorbells the pause rang hold zero pages: missing again for the next stop. A
+            // registered range: the handler just started reads the REMOVE event.
+            let bells = self.shared.handling.len() * PAGE_SIZE;
+            // SAFETY: the engine's own doorbell pages, read by nobody but the stop.
+            let _ = unsafe { mman::madvise(self.shared.doorbell, bells, libc::MADV_DONTNEED) };
+        }
+        if started
+            .and_then(|()| Engine::spawn_scrubbers(&self.shared, &mut t))
+            .is_err()
+        {
+            drop(t);
+            self.pause();
+            self.fail_open_paused();
+        }
+    }
+
+    /// Hands every fault to the kernel for the rest of the process's life, the threads stopped:
+    /// before a call whose consequences the engine cannot follow (a seccomp filter, which may
+    /// refuse the calls an engine thread makes).
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; as [`Engine::pause`].
+    pub fn stop_for_good(&self) {
+        self.pause();
+        self.fail_open_paused();
+    }
+
+    /// With no thread running: fails open (the descriptor closed, the pools emptied).
+    fn fail_open_paused(&self) {
+        if !self.shared.failed.swap(true, AcqRel) {
+            Stats::add(&self.shared.stats.steps_aside, 1);
+        }
+        drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+        for p in &self.shared.pools {
+            p.release_all();
+        }
+    }
 }
 
 impl Drop for Engine {
     fn drop(&mut self) {
         self.shared.stopping.store(true, Release);
         self.shared.kick_scrubs();
-        let bells = self.shared.handling.len() * PAGE_SIZE;
-        if !self.handlers.is_empty() {
-            // Each read's fault is answered by one handler, which then sees `stopping` and
-            // leaves; so one read per handler started stops them all, one after the other
-            // (one more would wait for ever: no handler left, and the descriptor still open).
-            // A handler that left early failed open: the descriptor is closed, and the kernel
-            // answers the reads.
-            // SAFETY: the doorbells are the engine's own pages, read only below.
-            let _ = unsafe { mman::protect(self.shared.doorbell, bells, libc::PROT_READ) };
-            for i in 0..self.handlers.len() {
-                // SAFETY: our own mapped pages, readable now; reading one maps the zero page.
-                unsafe { std::ptr::read_volatile((self.shared.doorbell + i * PAGE_SIZE) as *const u8) };
-            }
-        }
-        for t in self.handlers.drain(..) {
-            t.join();
+        let t = self.threads.get_mut().unwrap_or_else(|e| e.into_inner());
+        let handlers = std::mem::take(&mut t.handlers);
+        ring_doorbells(&self.shared, handlers.len());
+        for h in handlers {
+            h.join();
         }
         // Closing the descriptor hands every registered range back to the kernel. Before the
         // scrub is joined: a MADV_DONTNEED of its on a pool ring (registered, see pool.rs)
         // waits for its REMOVE event to be read, which the handler no longer does; the close
         // releases it.
         drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
-        for t in self.scrubbers.drain(..) {
-            t.join();
+        for s in t.scrubbers.drain(..) {
+            sys::thread::make_normal(s.tid());
+            s.join();
         }
         // Regions may outlive the engine and keep `Shared` alive: free the pools' pages now.
         for p in &self.shared.pools {
             p.release_all();
         }
+        let bells = self.shared.handling.len() * PAGE_SIZE;
         // SAFETY: the doorbells are the engine's own pages; every thread is joined.
         let _ = unsafe { mman::unmap(self.shared.doorbell, bells) };
     }
+}
+
+/// Rings the first `n` doorbells: each read's fault is answered by one handler, which then sees
+/// `stopping` and leaves; so one read per handler started stops them all, one after the other
+/// (one more would wait for ever: no handler left, and the descriptor still open). A handler
+/// that left early failed open: the descriptor is closed, and the kernel answers the reads.
+/// The doorbells are `PROT_NONE` again afterwards.
+fn ring_doorbells(shared: &Shared, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let bells = shared.handling.len() * PAGE_SIZE;
+    // SAFETY: the doorbells are the engine's own pages, read only below.
+    let _ = unsafe { mman::protect(shared.doorbell, bells, libc::PROT_READ) };
+    for i in 0..n {
+        // SAFETY: our own mapped pages, readable now; reading one maps the zero page.
+        unsafe { std::ptr::read_volatile((shared.doorbell + i * PAGE_SIZE) as *const u8) };
+    }
+    // SAFETY: as above.
+    let _ = unsafe { mman::protect(shared.doorbell, bells, libc::PROT_NONE) };
 }
 
 #[cfg(test)]

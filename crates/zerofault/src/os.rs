@@ -11,8 +11,8 @@
 pub mod mman {
     pub use crate::page::{PAGE_SIZE, PMD_SIZE};
     pub use crate::sys::mman::{
-        address_limit, anon_huge_bytes, madvise, map_aligned, map_private, mlock, munlock, protect, resident_pages,
-        thp_always, thp_available, unmap, Mapping, Thp,
+        address_limit, anon_huge_bytes, madvise, map_aligned, map_private, mlock, munlock, protect, remap_fresh,
+        resident_pages, thp_always, thp_available, unmap, Mapping, Thp,
     };
     pub use libc::{MADV_DONTNEED, MADV_NOHUGEPAGE};
 }
@@ -24,7 +24,7 @@ pub mod raw {
 
 /// Signals and threads.
 pub mod thread {
-    pub use crate::sys::thread::{forget_engine_threads_after_fork, prepare, Blocked};
+    pub use crate::sys::thread::{forget_engine_threads_after_fork, prepare, seccomp_filtered, traced, Blocked};
 }
 
 /// The engine's allocator over raw mmap, and its fork hooks.

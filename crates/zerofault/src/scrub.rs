@@ -430,10 +430,18 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         taken: pool.taken(),
         since: Instant::now(),
     };
+    let mut looked_for_tracer = Instant::now();
     while !stopping(&shared) {
         let requested = pool.scrub.wait(tick);
         if stopping(&shared) {
             break;
+        }
+        if ix == 0 && looked_for_tracer.elapsed() >= TRACER_EVERY {
+            looked_for_tracer = Instant::now();
+            if thread::traced() {
+                shared.step_aside();
+                break;
+            }
         }
         if !shared.pool_paused.load(Acquire) {
             shared.scrubs_working.fetch_add(1, Relaxed);
@@ -453,6 +461,11 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let now = clock.read();
     Stats::add(&shared.stats.scrub_cpu_ns, nanos(now.saturating_sub(counted)));
 }
+
+/// How often the first scrub thread looks whether a tracer attached to the process: a
+/// debugger reads memory with no way to wait for the engine (/proc/PID/mem, ptrace), so the
+/// engine steps aside for good when one is seen (DESIGN.md, "The program's rights").
+const TRACER_EVERY: Duration = Duration::from_millis(100);
 
 /// How long the fault handler must have read no fault for the program to count as quiet.
 const QUIET: Duration = Duration::from_millis(1);

@@ -186,6 +186,10 @@ counters! {
     /// The errno of that failure (0 if none; one failure per engine, added up across the
     /// engines that share these counters).
     fail_open_errno,
+    /// Times the engine handed every fault to the kernel for good because the process came
+    /// under a tracer (a debugger attached: it reads and writes memory the kernel must fill) or
+    /// installed a seccomp filter.
+    steps_aside,
     /// One-page installs (a fault outside every window: unknown memory, or a page already
     /// claimed) that found the memory unmapped, moved, unregistered or of other protection by
     /// then: a munmap, mremap, mprotect or hand-back raced the fault. The thread was woken and

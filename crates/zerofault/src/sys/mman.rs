@@ -56,7 +56,7 @@ pub(crate) fn system_page_size() -> usize {
 /// Never locked: under `mlockall(MCL_FUTURE)` a new mapping would be locked and populated at
 /// once (a 256 MiB pool reservation, all of it). So the mapping is made `PROT_NONE` (which the
 /// kernel never populates), unlocked, and only then given `prot`: engine memory is used as
-/// touched, whatever the program asked of its own.
+/// touched, whatever the program asked of its own. `MADV_DONTDUMP`: a core dump leaves it out.
 pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool) -> io::Result<usize> {
     debug_assert!(align.is_power_of_two() && align >= PAGE_SIZE && len % PAGE_SIZE == 0);
     let total = len
@@ -82,6 +82,11 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
         unsafe { unmap(start + len, tail) }?;
     }
     let _ = munlock(start, len);
+    // Not the program's memory: a core dump of the process holds none of it (pool pages that
+    // held what the program freed, above all), as it holds none natively. Engine::map gives
+    // the program's regions back to the dump.
+    // SAFETY: as above; dump advice changes no content.
+    let _ = unsafe { madvise(start, len, libc::MADV_DONTDUMP) };
     // SAFETY: as above.
     if let Err(e) = unsafe { protect(start, len, prot) } {
         // SAFETY: as above.
@@ -89,6 +94,24 @@ pub fn map_aligned(len: usize, align: usize, prot: libc::c_int, noreserve: bool)
         return Err(e);
     }
     Ok(start)
+}
+
+/// Replaces `[addr, addr + len)` with a fresh `PROT_NONE` anonymous private reservation
+/// (`MAP_FIXED`, `MAP_NORESERVE`), advised as the shim's arena is: no huge pages of the
+/// kernel's, left out of core dumps. Whatever was there is gone, and so is any userfaultfd
+/// registration of it.
+///
+/// # Safety
+/// The caller owns the range and gives up its contents.
+pub unsafe fn remap_fresh(addr: usize, len: usize) -> io::Result<()> {
+    let flags = libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_FIXED;
+    // SAFETY: the caller owns the range it replaces.
+    unsafe { sys_mmap(addr, len, libc::PROT_NONE, flags) }?;
+    // SAFETY: as above; advice changes no content.
+    let _ = unsafe { madvise(addr, len, MADV_NOHUGEPAGE) };
+    // SAFETY: as above.
+    let _ = unsafe { madvise(addr, len, libc::MADV_DONTDUMP) };
+    Ok(())
 }
 
 /// Maps `len` bytes (a multiple of the page size) of anonymous private read-write memory,

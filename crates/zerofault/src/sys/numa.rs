@@ -345,7 +345,7 @@ pub(crate) fn bind_to_cpus(cpus: &[u32]) -> Result<(), Errno> {
 }
 
 /// Reads a small file into `buf` with raw system calls (no allocation); the bytes read.
-fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
+pub(crate) fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
     // SAFETY: openat with a NUL-terminated path (the caller's buffer ends in zeros).
     let fd = unsafe {
         raw::call(

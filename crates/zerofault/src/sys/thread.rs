@@ -574,6 +574,47 @@ pub(crate) fn make_idle() -> &'static str {
     "normal"
 }
 
+/// Puts thread `tid` of this process back in SCHED_OTHER (from SCHED_IDLE), so that it runs
+/// soon on a busy machine: before it is joined. 0 (gone) is left alone; errors are ignored.
+pub(crate) fn make_normal(tid: u32) {
+    if tid == 0 {
+        return;
+    }
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: sched_setscheduler on one of our own threads; `param` is a valid sched_param.
+    let _ = unsafe {
+        raw::call(
+            libc::SYS_sched_setscheduler,
+            [
+                tid as usize,
+                libc::SCHED_OTHER as usize,
+                &param as *const _ as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    };
+}
+
+/// Waits (at most a second) until none of `tids` is a thread of this process any more. A
+/// joined thread's tid word is cleared when it leaves its memory, a little before the kernel
+/// takes it out of the thread group; `unshare(CLONE_NEWUSER)` needs it out.
+pub(crate) fn wait_gone(tids: &[u32]) {
+    // SAFETY: getpid has no arguments and no side effect.
+    let pid = usize::try_from(unsafe { raw::syscall(libc::SYS_getpid, [0; 6]) }).unwrap_or(0);
+    let t0 = std::time::Instant::now();
+    for &tid in tids.iter().filter(|&&t| t != 0) {
+        // SAFETY: signal 0 only checks that the thread exists.
+        while unsafe { raw::syscall(libc::SYS_tgkill, [pid, tid as usize, 0, 0, 0, 0]) } == 0 {
+            if t0.elapsed() > Duration::from_secs(1) {
+                return;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+}
+
 /// The kernel thread id of the caller, as userfaultfd reports it with THREAD_ID.
 pub(crate) fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and no side effect.
@@ -630,6 +671,26 @@ pub(crate) fn llc_bytes() -> Option<usize> {
 pub(crate) fn loadavg_1min() -> Option<f64> {
     let s = std::fs::read_to_string("/proc/loadavg").ok()?;
     s.split_whitespace().next()?.parse().ok()
+}
+
+/// A numeric field of this process's `/proc/self/status` ("TracerPid:\t123"), read with raw
+/// system calls into a buffer on the stack (no allocation: engine threads call it).
+fn status_field(name: &str) -> Option<u64> {
+    let mut buf = [0u8; 4096];
+    let n = super::numa::read_small(b"/proc/self/status\0", &mut buf)?;
+    let text = std::str::from_utf8(&buf[..n]).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+}
+
+/// Whether a tracer (a debugger, strace) is attached to the process's main thread.
+pub fn traced() -> bool {
+    status_field("TracerPid").is_some_and(|p| p != 0)
+}
+
+/// Whether the process runs under a seccomp filter (mode 2) or in strict mode (1).
+pub fn seccomp_filtered() -> bool {
+    status_field("Seccomp").is_some_and(|m| m != 0)
 }
 
 /// The CPU-time clock of one thread, readable from any thread while it lives.

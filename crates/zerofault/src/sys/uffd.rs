@@ -256,6 +256,11 @@ pub(crate) struct FdIdentity {
 }
 
 impl FdIdentity {
+    /// Whether descriptor `fd` is this one (the number, still naming the same file).
+    pub(crate) fn is(&self, fd: RawFd) -> bool {
+        self.fd == fd && file_id(fd) == Ok(self.id)
+    }
+
     /// Closes the descriptor if its number still names the same file. Async-signal-safe
     /// (fstat and close).
     ///

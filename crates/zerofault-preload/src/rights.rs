@@ -1,0 +1,205 @@
+//! What the program does to its own process that the engine must follow: its rights (the
+//! credential calls, `PR_SET_NO_NEW_PRIVS`, namespaces), a seccomp filter, a userfaultfd of its
+//! own, and the futex operations the kernel runs with faults it cannot wait for. The front
+//! (front/front.c) hooks the calls and comes here around them; DESIGN.md, "The program's
+//! rights".
+//!
+//! - **Rights.** Engine threads are raw clones: glibc's set*id broadcast never reaches them, and
+//!   a credential, a capability set or `NO_NEW_PRIVS` is per thread in the kernel. So around
+//!   such a call the engine's threads are stopped ([`zerofault_hold_threads`]) and started
+//!   again from the calling thread afterwards ([`zerofault_release_threads`]), which hands them
+//!   its new state, as `clone(2)` does. Stopped, the process is one-threaded again for
+//!   `unshare(CLONE_NEWUSER)` and `setns` into a user namespace.
+//! - **Seccomp.** A filter may refuse what an engine thread calls (and kill the process for
+//!   it). Before one is installed the engine stops for good: the kernel serves every fault. A
+//!   process that installs one before the engine starts never starts it.
+//! - **The program's own userfaultfd.** The kernel refuses a registration over memory another
+//!   userfaultfd holds (EBUSY). The front retries a refused `UFFDIO_REGISTER` once after
+//!   [`zerofault_foreign_register`] handed that memory back to the kernel.
+//! - **Futexes.** The kernel's futex code touches the word with page faults disabled and then
+//!   faults it in with no way to wait for a userfaultfd (EFAULT where natively the page would
+//!   be made). The front retries such an EFAULT once after [`zerofault_prefault`] had the
+//!   engine serve the words.
+
+use crate::state::{self, arena, enter, say, Quiet};
+use engine::os::mman::{self, PAGE_SIZE};
+use libc::{c_int, c_void};
+use std::sync::Mutex;
+
+/// `MADV_POPULATE_WRITE` (Linux 5.14).
+const MADV_POPULATE_WRITE: c_int = 23;
+
+/// The engine's threads, stopped around a call that changes the process's rights; or the
+/// engine stopped for good (`for_good`, before a seccomp filter). Returns 1 when the caller
+/// must call [`zerofault_release_threads`] after its call.
+///
+/// # Context
+/// A program thread, from the front's hook, before the call; sleeps until the engine's threads
+/// have left.
+#[no_mangle]
+pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
+    let Some(_g) = enter() else { return 0 };
+    let _q = Quiet::new();
+    if for_good != 0 {
+        match state::switch_off() {
+            Some(e) if e.is_active() => {
+                e.stop_for_good();
+                if e.options().verbose {
+                    say(&format!(
+                        "zerofault: engine stopped in pid {}: the program installs a seccomp filter; \
+                         the kernel serves its faults from now on",
+                        state::getpid()
+                    ));
+                }
+            }
+            Some(_) => {}
+            None if state::verbose() => say(&format!(
+                "zerofault: engine not started in pid {}: the program installs a seccomp filter \
+                 (it may refuse the engine's calls); running on plain memory",
+                state::getpid()
+            )),
+            None => {}
+        }
+        return 0;
+    }
+    match state::running() {
+        Some(e) if e.is_active() => c_int::from(e.pause()),
+        _ => 0,
+    }
+}
+
+/// Starts the engine's threads again after the call [`zerofault_hold_threads`] stopped them for.
+///
+/// # Context
+/// A program thread, from the front's hook, right after the call.
+#[no_mangle]
+pub extern "C" fn zerofault_release_threads() {
+    let Some(_g) = enter() else { return };
+    let _q = Quiet::new();
+    if let Some(e) = state::running() {
+        e.resume();
+    }
+}
+
+/// `UFFDIO_REGISTER` on descriptor `fd` was refused with EBUSY, for the range `arg` (a `struct
+/// uffdio_register` the kernel just read) names: if the engine serves any of it and `fd` is
+/// not the engine's, that part is handed back to the kernel. Returns 1 when the caller should
+/// try the registration again.
+///
+/// # Safety
+/// `arg` points to a readable `struct uffdio_register` (the kernel read it).
+///
+/// # Context
+/// A program thread, from the front's hook; takes the registration lock.
+#[no_mangle]
+pub unsafe extern "C" fn zerofault_foreign_register(fd: c_int, arg: *const c_void) -> c_int {
+    let Some(_g) = enter() else { return 0 };
+    let _q = Quiet::new();
+    let Some(e) = state::running() else { return 0 };
+    if arg.is_null() || e.is_own_uffd(fd) {
+        return 0;
+    }
+    // SAFETY: the caller's contract: `struct uffdio_register` begins with its range, two u64.
+    let (start, len) = unsafe {
+        (
+            arg.cast::<u64>().read_unaligned(),
+            arg.cast::<u64>().add(1).read_unaligned(),
+        )
+    };
+    let (start, len) = (start as usize, len as usize);
+    if !e.step_aside(start, len) {
+        return 0;
+    }
+    if let Some(a) = arena() {
+        let (base, alen) = a.area();
+        let (s, t) = (start.max(base), start.saturating_add(len).min(base + alen));
+        if s < t {
+            foreign_arena_span(s, t);
+        }
+    }
+    if e.options().verbose {
+        say(&format!(
+            "zerofault: pid {} registers {start:#x}+{len:#x} with a userfaultfd of its own: \
+             the engine handed that memory back to the kernel",
+            state::getpid()
+        ));
+    }
+    1
+}
+
+/// A futex operation on `uaddr` (and `uaddr2`, when not null) returned EFAULT: the words the
+/// engine serves are faulted in (`MADV_POPULATE_WRITE`, which waits for the engine as a
+/// program's own touch does). Returns 1 when one was, and the operation may be tried again.
+///
+/// # Context
+/// A program thread, from the front's hook.
+#[no_mangle]
+pub extern "C" fn zerofault_prefault(uaddr: *const c_void, uaddr2: *const c_void) -> c_int {
+    let Some(_g) = enter() else { return 0 };
+    let _q = Quiet::new();
+    let Some(e) = state::running() else { return 0 };
+    let mut any = 0;
+    for a in [uaddr as usize, uaddr2 as usize] {
+        if a != 0 && e.serves(a) {
+            let page = a & !(PAGE_SIZE - 1);
+            // SAFETY: one page of memory the engine serves, made present and writable with its
+            // contents unchanged (a populate never writes data).
+            if unsafe { mman::madvise(page, PAGE_SIZE, MADV_POPULATE_WRITE) }.is_ok() {
+                any = 1;
+            }
+        }
+    }
+    any
+}
+
+/// Arena spans the program registered with a userfaultfd of its own, as (start, end): when
+/// the arena gets them back (a free), they are mapped afresh, so that the next block there is
+/// zero and served by the engine, not by the program's descriptor.
+static FOREIGN: Mutex<[(usize, usize); 64]> = Mutex::new([(0, 0); 64]);
+
+fn foreign_arena_span(start: usize, end: usize) {
+    let mut t = FOREIGN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(slot) = t.iter_mut().find(|s| s.0 == s.1) {
+        *slot = (start, end);
+    } else {
+        // Full: the oldest is forgotten; its span stays the program's registration until
+        // the program's descriptor closes (its blocks there are then served by the kernel).
+        t.rotate_left(1);
+        t[63] = (start, end);
+    }
+}
+
+/// Before arena pages `[addr, addr + len)` go back to the free list: where the program had
+/// registered some of them with a userfaultfd of its own, the whole range is mapped afresh
+/// (`PROT_NONE`, as the arena's free pages are) and given to the engine again. Returns true
+/// when it was (the range then reads zero).
+///
+/// # Context
+/// A program thread, inside free or realloc, signals blocked.
+pub fn renew_foreign(addr: usize, len: usize) -> bool {
+    let end = addr + len;
+    let hit = {
+        let mut t = FOREIGN.lock().unwrap_or_else(|e| e.into_inner());
+        let mut hit = false;
+        for s in t.iter_mut().filter(|s| s.0 < end && addr < s.1) {
+            hit = true;
+            if addr <= s.0 && s.1 <= end {
+                *s = (0, 0);
+            }
+        }
+        hit
+    };
+    if !hit {
+        return false;
+    }
+    // SAFETY: arena pages the program gave up; the fixed mapping replaces them (and the
+    // program's registration with them) with fresh memory inside the arena's reservation.
+    if unsafe { mman::remap_fresh(addr, len) }.is_err() {
+        return false;
+    }
+    if let Some(e) = state::running() {
+        // SAFETY: fresh anonymous private memory of the arena's.
+        let _ = unsafe { e.adopt(addr, len, false) };
+    }
+    true
+}
