@@ -75,6 +75,16 @@ fn dropping_root_drops_it_on_the_engine_threads_too() {
     served_before_and_after(&shim);
 }
 
+/// Each change of rights stops and restarts the engine's threads; a program that changes them
+/// all the time gets the kernel instead, after 64.
+#[test]
+#[cfg_attr(any(zerofault_no_uffd, zerofault_not_root), ignore = "needs userfaultfd and root")]
+fn a_program_switching_its_rights_all_the_time_gets_the_kernel() {
+    let shim = same("switcher", "switched 100 times, 0 failed\nfresh memory ok\n");
+    assert_eq!(counter(&shim, "steps_aside"), 1, "{}", stderr(&shim));
+    assert_eq!(engine_threads(&shim), 0, "{}", stderr(&shim));
+}
+
 #[test]
 #[cfg_attr(any(zerofault_no_uffd, zerofault_not_root), ignore = "needs userfaultfd and root")]
 fn dropping_root_with_raw_system_calls_through_syscall() {

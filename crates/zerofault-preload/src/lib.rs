@@ -49,6 +49,11 @@
 //!   `realloc` and `malloc_usable_size` recognise them by address. `realloc` grows in place or
 //!   moves pages without copying them. Smaller requests go to the next allocator (found with
 //!   `dlsym(RTLD_NEXT)`) untouched.
+//! - The program's rights ([`rights`]): the credential calls, `NO_NEW_PRIVS`, `unshare` and
+//!   `setns` stop the engine's threads and start them again from the calling thread; a seccomp
+//!   filter stops the engine for good; a tracer makes it step aside; the program's own
+//!   `UFFDIO_REGISTER` and futex operations the kernel refuses on served memory are tried again
+//!   once the engine made way.
 //! - fork(): the child's copy of the engine's descriptor is closed at once; its memory is no
 //!   longer registered (the engine does not ask for fork events), and its first large request
 //!   starts an engine of its own. vfork() children and exec'd images never touch the parent's.

@@ -24,6 +24,7 @@
 use crate::state::{self, arena, enter, say, Quiet};
 use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_int, c_void};
+use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 use std::sync::Mutex;
 
 /// `MADV_POPULATE_WRITE` (Linux 5.14).
@@ -63,10 +64,29 @@ pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
         return 0;
     }
     match state::running() {
+        Some(e) if e.is_active() && HELD.fetch_add(1, Relaxed) >= MAX_HOLDS => {
+            e.stop_for_good();
+            if e.options().verbose {
+                say(&format!(
+                    "zerofault: engine stopped in pid {}: the program changed its rights {MAX_HOLDS} times \
+                     (each stops and restarts the engine's threads); the kernel serves its faults from now on",
+                    state::getpid()
+                ));
+            }
+            0
+        }
         Some(e) if e.is_active() => c_int::from(e.pause()),
         _ => 0,
     }
 }
+
+/// Times the engine's threads were stopped for a change of rights.
+static HELD: AtomicU32 = AtomicU32::new(0);
+
+/// After this many changes of rights the engine stops for good: a program that switches
+/// credentials all the time (a file server impersonating each client) would pay a stop and
+/// restart of the engine's threads each time (DESIGN.md, "The program's rights").
+const MAX_HOLDS: u32 = 64;
 
 /// Starts the engine's threads again after the call [`zerofault_hold_threads`] stopped them for.
 ///

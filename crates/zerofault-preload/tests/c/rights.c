@@ -37,6 +37,7 @@ static unsigned char *touched_block(void) {
         exit(90);
     for (size_t i = 0; i < BIG; i += 4096)
         b[i] = 1;
+    __asm__ volatile("" : : "r"(b) : "memory"); /* the stores are not dead */
     return b;
 }
 
@@ -297,6 +298,14 @@ int main(int argc, char **argv) {
         touched_block();
         drop_root();
         printf("fresh memory %s\n", fresh_memory_works());
+    } else if (!strcmp(m, "switcher")) {
+        /* A file server impersonating each client in turn. */
+        touched_block();
+        int bad = 0;
+        for (int i = 0; i < 100; i++)
+            bad += seteuid(65534) != 0 || seteuid(0) != 0;
+        printf("switched 100 times, %d failed\n", bad);
+        printf("fresh memory %s\n", fresh_memory_works());
     } else if (!strcmp(m, "raw-setuid")) {
         touched_block();
         raw_drop_root();
@@ -379,7 +388,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(m, "wipeonfork")) {
         advice_reused(MADV_WIPEONFORK);
     } else {
-        fprintf(stderr, "usage: rights setuid|raw-setuid|nnp|userns|setns|seccomp|seccomp-syscall|sandbox|"
+        fprintf(stderr, "usage: rights setuid|switcher|raw-setuid|nnp|userns|setns|seccomp|seccomp-syscall|sandbox|"
                         "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|dontfork|wipeonfork\n");
         return 64;
     }
