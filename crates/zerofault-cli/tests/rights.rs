@@ -210,6 +210,31 @@ fn futex_operations_on_words_never_touched() {
     );
 }
 
+/// `MADV_NOHUGEPAGE` on a mapping, or `prctl(PR_SET_THP_DISABLE)` before a malloc block: the
+/// engine moves no huge page there, as the kernel makes none.
+fn no_huge(mode: &str) {
+    let shim = same(mode, "advice 0; huge pages 0 kB\n");
+    assert!(
+        counter(&shim, "fault_events") > 0,
+        "the engine served nothing: {}",
+        stderr(&shim)
+    );
+    // What smaps shows of a THP-disabled process is not the whole story: the engine's own count.
+    assert_eq!(counter(&shim, "huge_moves"), 0, "{}", stderr(&shim));
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn madv_nohugepage_gets_no_huge_page_of_the_engines() {
+    no_huge("nohugepage");
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn pr_set_thp_disable_gets_no_huge_page_of_the_engines() {
+    no_huge("thp-disable");
+}
+
 /// Advice set on a block, the block freed and handed out again at the same address (the shim's
 /// arena; natively a fresh mapping), then a fork: the child sees the block as natively.
 fn advice_forgotten(mode: &str) {

@@ -306,7 +306,7 @@ enum {
     S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
     S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP,
-    S_HOLD, S_RELEASE, S_FOREIGN, S_PREFAULT, S_SHIM_COUNT,
+    S_HOLD, S_RELEASE, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_SHIM_COUNT,
     S_SETUID = S_SHIM_COUNT, S_SETGID, S_SETEUID, S_SETEGID, S_SETREUID, S_SETREGID, S_SETRESUID,
     S_SETRESGID, S_SETGROUPS, S_CAPSET, S_PRCTL, S_UNSHARE, S_SETNS, S_SYSCALL, S_IOCTL, S_COUNT
 };
@@ -316,7 +316,7 @@ static const char *const names[S_COUNT] = {
     "mlockall", "munlockall", "zerofault_map", "zerofault_unmap", "zerofault_active",
     "zerofault_stats_json", "zerofault_recycle", "munmap",
     "zerofault_hold_threads", "zerofault_release_threads", "zerofault_foreign_register",
-    "zerofault_prefault",
+    "zerofault_prefault", "zerofault_thp_disabled",
     "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
     "setgroups", "capset", "prctl", "unshare", "setns", "syscall", "ioctl",
 };
@@ -805,6 +805,16 @@ EXPORT int capset(void *hdr, void *data) { AROUND(FOLLOW, NEXT(CAPSET, int (*)(v
 EXPORT int unshare(int flags) { AROUND(FOLLOW, NEXT(UNSHARE, int (*)(int))(flags)); }
 EXPORT int setns(int fd, int type) { AROUND(FOLLOW, NEXT(SETNS, int (*)(int, int))(fd, type)); }
 
+/* After prctl(PR_SET_THP_DISABLE, on) returned `r`: the engine follows it (no huge page of
+ * its own where the kernel makes none). */
+static void thp_disabled(long r, unsigned long on) {
+    if (r == 0 && !tls.in_hook && load_state() == READY) {
+        int saved = errno;
+        ((void (*)(int))shim[S_THP_DISABLED])(on != 0);
+        errno = saved;
+    }
+}
+
 /* What a prctl option asks of the engine's threads: -1 nothing. */
 static int prctl_how(long option) {
     switch (option) {
@@ -828,8 +838,12 @@ EXPORT int prctl(int option, ...) {
     va_end(ap);
     int (*next)(int, ...) = NEXT(PRCTL, int (*)(int, ...));
     int how = prctl_how(option);
-    if (how < 0)
-        return next(option, a, b, c, d);
+    if (how < 0) {
+        int r = next(option, a, b, c, d);
+        if (option == PR_SET_THP_DISABLE)
+            thp_disabled(r, a);
+        return r;
+    }
     AROUND(how, next(option, a, b, c, d));
 }
 
@@ -906,6 +920,11 @@ EXPORT long syscall(long n, ...) {
         int how = prctl_how(a);
         if (how >= 0)
             AROUND(how, raw(n, a, b, c, d, e, f));
+        if (a == PR_SET_THP_DISABLE) {
+            long r = raw(n, a, b, c, d, e, f);
+            thp_disabled(r, (unsigned long)b);
+            return r;
+        }
         break;
     }
     case SYS_setuid:

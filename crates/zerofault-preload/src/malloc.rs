@@ -99,7 +99,7 @@ fn recycle(addr: usize, len: usize) -> bool {
     }
     if ADVISED.load(Relaxed) {
         if let Some(e) = state::running() {
-            e.set_huge(addr, len, false);
+            e.forget_huge_advice(addr, len);
         }
     }
     let Some(e) = state::running().filter(|e| e.options().recycle && e.serves_any(addr, len)) else {

@@ -223,3 +223,16 @@ pub fn renew_foreign(addr: usize, len: usize) -> bool {
     }
     true
 }
+
+/// `prctl(PR_SET_THP_DISABLE, on)` succeeded: the engine moves no huge page into the program's
+/// memory while it is set, as the kernel makes none.
+///
+/// # Context
+/// A program thread, from the front's hook, after the call.
+#[no_mangle]
+pub extern "C" fn zerofault_thp_disabled(on: c_int) {
+    let Some(_g) = enter() else { return };
+    if let Some(e) = state::running() {
+        e.set_thp_disabled(on != 0);
+    }
+}

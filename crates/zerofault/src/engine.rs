@@ -97,6 +97,8 @@ pub(crate) struct Shared {
     /// Set by the handler on the first sequential write fault: the scrub thread fills nothing
     /// before.
     pub(crate) streaming: AtomicBool,
+    /// `prctl(PR_SET_THP_DISABLE)`: no huge page goes into the program's memory.
+    pub(crate) thp_disabled: AtomicBool,
     /// The pool is emptied and not refilled, and faults are served by copies (see
     /// [`Engine::pause_pool`]).
     pub(crate) pool_paused: AtomicBool,
@@ -129,6 +131,8 @@ pub(crate) struct Shared {
     /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
     /// done at all). See `nodes.rs` and `Handler::choose_nodes`.
     pub(crate) numa: Option<crate::nodes::Nodes>,
+    /// How many pages the pools may hold ([`crate::budget`]).
+    pub(crate) budget: crate::budget::Budget,
     /// Lending starved ranges to the kernel, and taking them back ([`crate::handback`]).
     pub(crate) lending: crate::handback::Lending,
     /// The descriptor's number and identity, for a forked child to close its copy without the
@@ -295,6 +299,24 @@ fn numa_view() -> Option<crate::nodes::Nodes> {
     (with_memory(&t) > 1).then(|| crate::nodes::Nodes::new(t, policy))
 }
 
+/// `opts` with the pools bounded by a memory cgroup's limit: an eighth of it at most (no pool
+/// when that is under two huge pages), the scrub's watermarks within it (DESIGN.md, "The
+/// pool's memory budget").
+fn within_cgroup(mut opts: Options, cgroup: Option<&sys::cgroup::MemoryCgroup>) -> Options {
+    let Some(cg) = cgroup else { return opts };
+    let eighth = usize::try_from(cg.limit / 8).unwrap_or(usize::MAX) / PMD_SIZE * PMD_SIZE;
+    if eighth >= opts.pool_max {
+        return opts;
+    }
+    opts.pool_max = eighth.max(PMD_SIZE);
+    if eighth < 2 * PMD_SIZE {
+        opts.pool = false;
+    }
+    opts.scrub_stop = opts.scrub_stop.min(opts.pool_max);
+    opts.scrub_start = opts.scrub_start.min(opts.scrub_stop);
+    opts
+}
+
 /// One node's pool, as [`Engine::node_pools`] reports it. Counts are pages, as the kernel's
 /// per-node `numastat` counts allocations (pool pages only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -330,6 +352,8 @@ impl Engine {
 
     fn start(opts: Options, stats: StatsHome) -> Result<Engine, EngineError> {
         opts.validate()?;
+        let cgroup = sys::cgroup::MemoryCgroup::find();
+        let opts = within_cgroup(opts, cgroup.as_ref());
         let page = mman::system_page_size();
         if page != PAGE_SIZE {
             return Err(EngineError::PageSize(page));
@@ -415,6 +439,7 @@ impl Engine {
             failed: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
+            thp_disabled: AtomicBool::new(sys::thread::thp_disabled()),
             doorbell,
             handling: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
             events: AtomicU64::new(0),
@@ -425,6 +450,7 @@ impl Engine {
             scrubs_working: AtomicUsize::new(0),
             uffd_identity: Some(identity),
             lending: crate::handback::Lending::new(lend_at),
+            budget: crate::budget::Budget::new(opts.pool_max, cgroup),
             numa,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),
@@ -529,6 +555,13 @@ impl Engine {
     /// between its watermarks from then on. No-op without a pool. With a pool per node, each
     /// is filled to `bytes` (its rings are bound to its node, whatever thread populates them).
     pub fn prefill(&self, bytes: usize) -> io::Result<()> {
+        self.shared.budget.filling(pages(bytes));
+        let filled = self.prefill_pools(bytes);
+        self.shared.budget.filled();
+        filled
+    }
+
+    fn prefill_pools(&self, bytes: usize) -> io::Result<()> {
         if !self.shared.pools.is_empty() {
             self.shared.streaming.store(true, Release);
         }
@@ -664,8 +697,26 @@ impl Engine {
     /// `MADV_HUGEPAGE` (or new memory under THP `always`), `false` for `MADV_NOHUGEPAGE`. Where
     /// it is on, a write fault takes whole huge pages, as the kernel would give it.
     pub fn set_huge(&self, addr: usize, len: usize, on: bool) {
-        self.shared.ranges.set_huge(addr, addr.saturating_add(len), on);
-        self.shared.lending.advise(addr, addr.saturating_add(len), on);
+        let end = addr.saturating_add(len);
+        self.shared.ranges.set_huge(addr, end, on);
+        // MADV_NOHUGEPAGE: no huge page of the engine's either (as the kernel would make none).
+        self.shared.ranges.set_never(addr, end, !on);
+        self.shared.lending.advise(addr, end, on);
+    }
+
+    /// `[addr, addr + len)` carries no huge-page advice any more (a freed block handed out
+    /// again): neither `MADV_HUGEPAGE` nor `MADV_NOHUGEPAGE`.
+    pub fn forget_huge_advice(&self, addr: usize, len: usize) {
+        let end = addr.saturating_add(len);
+        self.shared.ranges.set_huge(addr, end, false);
+        self.shared.ranges.set_never(addr, end, false);
+        self.shared.lending.advise(addr, end, false);
+    }
+
+    /// `prctl(PR_SET_THP_DISABLE)`: `true`, the engine moves no huge page into the program's
+    /// memory from now on (4 KiB pages only), as the kernel makes none; `false` undoes it.
+    pub fn set_thp_disabled(&self, on: bool) {
+        self.shared.thp_disabled.store(on, Release);
     }
 
     /// Whether any page of `[addr, addr + len)` lies in memory the engine serves.
@@ -823,6 +874,12 @@ impl Engine {
     /// Pages ready in the pool (every node's).
     pub fn pool_pages(&self) -> u64 {
         self.shared.pools.iter().map(Pool::available).sum()
+    }
+
+    /// Pages the pools hold: ready, and recycled but not zeroed yet (every node's). At most
+    /// the memory budget once the scrub looked (DESIGN.md, "The pool's memory budget").
+    pub fn pool_held_pages(&self) -> u64 {
+        self.shared.pools.iter().map(|p| p.available() + p.dirty()).sum()
     }
 
     /// Each node's pool, where there is one per node (empty on a one-node machine): its level
@@ -1094,6 +1151,7 @@ impl Shared {
             failed: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
+            thp_disabled: AtomicBool::new(false),
             doorbell: 0,
             handling: Box::new([AtomicU64::new(0)]),
             events: AtomicU64::new(0),
@@ -1105,6 +1163,7 @@ impl Shared {
             uffd_identity: None,
             // As on this project's machine: one handler and one scrub on two CPUs.
             lending: crate::handback::Lending::new(opts.lend_at(2, 2)),
+            budget: crate::budget::Budget::new(opts.pool_max, None),
             numa: None,
             next_region: AtomicU64::new(1),
             reg: Mutex::new(()),

@@ -118,6 +118,7 @@
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("zerofault serves 64-bit Linux (x86-64, arm64) only");
 
+mod budget;
 mod dsa;
 mod engine;
 mod fault;

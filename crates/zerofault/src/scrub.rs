@@ -343,6 +343,8 @@ fn purge_batch(dirty: &DirtyRing, addr: usize, n: u64) {
 #[derive(Debug)]
 struct Idle {
     taken: u64,
+    /// Prefills seen ([`crate::budget::Budget::fills`]): one counts as activity.
+    fills: u64,
     since: Instant,
 }
 
@@ -365,10 +367,11 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
             Stats::add(&stats.pages_purged, b.pages);
         }
     }
-    let taken = pool.taken();
-    if taken != idle.taken {
+    let (taken, (fills, filling)) = (pool.taken(), shared.budget.fills());
+    if taken != idle.taken || fills != idle.fills || filling {
         *idle = Idle {
             taken,
+            fills,
             since: Instant::now(),
         };
         return;
@@ -377,6 +380,7 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     if idle.since.elapsed() < delay || pool.available() <= stop {
         return;
     }
+    shared.budget.end_reserve();
     // Down to scrub_stop, each ring to its share of it (the huge ring in whole huge pages, which
     // is all it hands out: rounded down, so that the pool ends at scrub_stop or below).
     let cap = pool.capacity();
@@ -428,28 +432,33 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let tick = (shared.opts.purge_delay / 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
     let mut idle = Idle {
         taken: pool.taken(),
+        fills: shared.budget.fills().0,
         since: Instant::now(),
     };
-    let mut looked_for_tracer = Instant::now();
+    let mut looked = Instant::now();
+    let mut recent = crate::budget::Recent::default();
     while !stopping(&shared) {
-        let requested = pool.scrub.wait(tick);
+        let requested = pool.scrub.wait(tick.min(LOOK_EVERY));
         if stopping(&shared) {
             break;
         }
-        if ix == 0 && looked_for_tracer.elapsed() >= TRACER_EVERY {
-            looked_for_tracer = Instant::now();
+        if ix == 0 && looked.elapsed() >= LOOK_EVERY {
+            looked = Instant::now();
             if thread::traced() {
                 shared.step_aside();
                 break;
             }
+            shared.budget.update(&mut recent, shared.opts.purge_delay);
         }
+        let share = shared.budget.pages() / shared.pools.len() as u64;
+        shrink(&shared, pool, share);
         if !shared.pool_paused.load(Acquire) {
             shared.scrubs_working.fetch_add(1, Relaxed);
             clean_dirty(&shared, pool, &mut zeroer, &clock);
             // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
             // round, or before any handler noticed).
             if shared.streaming.load(Acquire) && (requested || pool.available() < start) {
-                refill(&shared, pool, stop);
+                refill(&shared, pool, stop.min(share));
             }
             purge(&shared, pool, &mut idle);
             shared.scrubs_working.fetch_sub(1, Relaxed);
@@ -462,10 +471,51 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     Stats::add(&shared.stats.scrub_cpu_ns, nanos(now.saturating_sub(counted)));
 }
 
-/// How often the first scrub thread looks whether a tracer attached to the process: a
-/// debugger reads memory with no way to wait for the engine (/proc/PID/mem, ptrace), so the
-/// engine steps aside for good when one is seen (DESIGN.md, "The program's rights").
-const TRACER_EVERY: Duration = Duration::from_millis(100);
+/// How often the first scrub thread looks whether a tracer attached to the process (a
+/// debugger reads memory with no way to wait for the engine: /proc/PID/mem, ptrace; the engine
+/// then steps aside for good, DESIGN.md, "The program's rights") and computes the pools'
+/// memory budget afresh ([`crate::budget`]).
+const LOOK_EVERY: Duration = Duration::from_millis(100);
+
+/// Gives back what `pool` holds above `keep` pages: recycled pages first, oldest first (not
+/// zeroed yet: the cheapest to lose), then ready ones (the huge ring in whole huge pages).
+fn shrink(shared: &Shared, pool: &Pool, keep: u64) {
+    let mut held = pool.available() + pool.dirty();
+    if held <= keep {
+        return;
+    }
+    let Some(_step) = pool.step(&shared.pool_paused) else {
+        return;
+    };
+    let stats = &*shared.stats;
+    for dirty in [pool.dirty_huge.as_ref(), pool.dirty_small.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        while held > keep {
+            let Some(b) = dirty.peek() else { break };
+            purge_batch(dirty, b.addr, b.pages);
+            Stats::add(&stats.pages_purged, b.pages);
+            held = held.saturating_sub(b.pages);
+        }
+    }
+    for ring in [pool.huge.as_ref(), Some(&pool.small)].into_iter().flatten() {
+        while held > keep && !stopping(shared) {
+            let over = held - keep;
+            let want = if ring.is_huge_ring() {
+                over.div_ceil(CHUNK_PAGES) * CHUNK_PAGES
+            } else {
+                over
+            };
+            let n = ring.purge(want.min(ring.available()));
+            if n == 0 {
+                break;
+            }
+            Stats::add(&stats.pages_purged, n);
+            held = held.saturating_sub(n);
+        }
+    }
+}
 
 /// How long the fault handler must have read no fault for the program to count as quiet.
 const QUIET: Duration = Duration::from_millis(1);

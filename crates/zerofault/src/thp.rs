@@ -30,7 +30,8 @@ pub(crate) const STAGE_SLOW: Duration = Duration::from_millis(4);
 /// See [`STAGE_SLOW`].
 pub(crate) const STAGE_REST: Duration = Duration::from_secs(1);
 
-/// Two bits per PMD a range overlaps (see the module doc), indexed from the range's first PMD.
+/// Three bits per PMD a range overlaps (see the module doc), indexed from the range's first
+/// PMD.
 #[derive(Debug)]
 pub(crate) struct PmdMap {
     /// The first PMD's index in the address space (`start / PMD_SIZE`).
@@ -40,6 +41,8 @@ pub(crate) struct PmdMap {
     tables: PageMap,
     /// Set: the program asked for huge pages there.
     huge: PageMap,
+    /// Set: the program asked for none there (`MADV_NOHUGEPAGE`): 4 KiB pages only.
+    never: PageMap,
 }
 
 /// PMDs overlapped by `pages` pages from `start`.
@@ -56,6 +59,7 @@ impl PmdMap {
             base: start / PMD_SIZE,
             tables: PageMap::new(n),
             huge: PageMap::new(n),
+            never: PageMap::new(n),
         }
     }
 
@@ -78,6 +82,7 @@ impl PmdMap {
             base: start / PMD_SIZE,
             tables: self.tables.slice(first, n),
             huge: self.huge.slice(first, n),
+            never: self.never.slice(first, n),
         }
     }
 
@@ -86,10 +91,12 @@ impl PmdMap {
     pub(crate) fn moved(&self, start: usize, pages: u64, to: usize) -> PmdMap {
         let tables = PageMap::new(pmds_overlapped(to, pages));
         tables.set(0, tables.pages());
+        let (first, n) = (self.index(start), pmds_overlapped(start, pages));
         PmdMap {
             base: to / PMD_SIZE,
             tables,
-            huge: self.huge.slice(self.index(start), pmds_overlapped(start, pages)),
+            huge: self.huge.slice(first, n),
+            never: self.never.slice(first, n),
         }
     }
 
@@ -130,14 +137,29 @@ impl PmdMap {
         }
     }
 
+    /// Sets or clears `MADV_NOHUGEPAGE` on every PMD that `[a, b)` (`a < b`) touches.
+    pub(crate) fn set_never(&self, a: usize, b: usize, on: bool) {
+        let (first, last) = (self.index(a), self.index(b - 1));
+        if on {
+            self.never.set(first, last - first + 1);
+        } else {
+            self.never.clear(first, last - first + 1);
+        }
+    }
+
+    /// Whether the program asked for no huge page in the PMD at `addr`.
+    pub(crate) fn no_huge(&self, addr: usize) -> bool {
+        self.never.is_claimed(self.index(addr))
+    }
+
     /// Whole PMDs from `at` that may take huge pages: `at` on a PMD boundary, each PMD inside
-    /// `len` bytes and holding no table.
+    /// `len` bytes, holding no table and not advised against huge pages.
     pub(crate) fn clear_run(&self, at: usize, len: usize) -> usize {
         if at % PMD_SIZE != 0 {
             return 0;
         }
         (0..len / PMD_SIZE)
-            .take_while(|i| !self.has_table(at + i * PMD_SIZE))
+            .take_while(|i| !self.has_table(at + i * PMD_SIZE) && !self.no_huge(at + i * PMD_SIZE))
             .count()
     }
 
@@ -151,12 +173,12 @@ impl PmdMap {
     /// [`Range::is_valid`]).
     pub(crate) fn covers(&self, start: usize, pages: u64) -> bool {
         let n = pmds_overlapped(start, pages);
-        self.base == start / PMD_SIZE && self.tables.pages() == n && self.huge.pages() == n
+        self.base == start / PMD_SIZE && self.tables.pages() == n && self.huge.pages() == n && self.never.pages() == n
     }
 
     /// Bytes of metadata mapped for the bits.
     pub(crate) fn metadata_bytes(&self) -> usize {
-        self.tables.metadata_bytes() + self.huge.metadata_bytes()
+        self.tables.metadata_bytes() + self.huge.metadata_bytes() + self.never.metadata_bytes()
     }
 }
 

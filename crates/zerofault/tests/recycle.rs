@@ -246,3 +246,47 @@ fn pausing_and_protecting_the_pool_while_the_scrub_works_hands_out_only_zero_pag
     assert_eq!(bad, 0, "pages handed out with a freed block's bytes\n{}", s.to_text());
     assert!(s.pages_recycled > 0 && s.pages_scrubbed > 0, "{}", s.to_text());
 }
+
+/// A program that frees many small blocks (4 MiB each, 640 MiB in all) and touches nothing
+/// after keeps its pools within the memory budget: 128 MiB, and twice the largest recent block,
+/// not `pool_max` (1 GiB here).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn small_frees_do_not_fill_the_pool_to_pool_max() {
+    // A purge delay far longer than the wait below: the idle purge gives nothing back meanwhile.
+    let e = engine_with(&[
+        ("pool_max", "1G"),
+        ("scrub_start", "0"),
+        ("scrub_stop", "0"),
+        ("purge_delay", "20s"),
+    ]);
+    let len = 64 * MIB;
+    let mut regions: Vec<Region> = (0..10u8)
+        .map(|i| {
+            let mut r = e.map(len).unwrap();
+            fill_secret(&mut r, i);
+            r
+        })
+        .collect();
+    // Nothing faults after: what is recycled stays in the pools unless given back.
+    for r in &mut regions {
+        for at in (0..len).step_by(4 * MIB) {
+            r.recycle(at, 4 * MIB).unwrap();
+        }
+    }
+    let budget = ((128 + 2 * 4) * MIB / PAGE_SIZE) as u64;
+    // The scrub gives back what is above the budget within ~100 ms; wait up to 3 s.
+    let t0 = Instant::now();
+    while e.pool_held_pages() > budget && t0.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let s = e.stats();
+    assert!(s.pages_recycled > 0, "{}", s.to_text());
+    assert!(
+        e.pool_held_pages() <= budget,
+        "the pools hold {} MiB, above the budget's {} MiB\n{}",
+        (e.pool_held_pages() * PAGE_SIZE as u64) >> 20,
+        (budget * PAGE_SIZE as u64) >> 20,
+        s.to_text()
+    );
+}

@@ -291,6 +291,45 @@ static void crash_with_a_freed_secret(void) {
     abort();
 }
 
+/* ---- huge pages the program said no to */
+
+/* AnonHugePages of the mappings inside [p, p + n) (the engine's own pool holds huge pages
+ * too, elsewhere). */
+static long anon_huge_kb(const void *p, size_t n) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    char line[512];
+    long kb = 0;
+    int inside = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        unsigned long a, b;
+        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' '))
+            inside = a < (unsigned long)p + n && (unsigned long)p < b;
+        else if (inside && !strncmp(line, "AnonHugePages:", 14))
+            kb += atol(line + 14);
+    }
+    if (f)
+        fclose(f);
+    return kb;
+}
+
+/* 256 MiB written whole after MADV_NOHUGEPAGE on the mapping, or after
+ * prctl(PR_SET_THP_DISABLE) on a malloc block: natively no huge page at all. */
+static void no_huge_pages(int by_prctl) {
+    size_t n = 4 * BIG;
+    unsigned char *p;
+    int r;
+    if (by_prctl) {
+        r = prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
+        p = malloc(n);
+    } else {
+        p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        r = madvise(p, n, MADV_NOHUGEPAGE);
+    }
+    memset(p, 1, n);
+    __asm__ volatile("" : : "r"(p) : "memory");
+    printf("advice %d; huge pages %ld kB\n", r, anon_huge_kb(p, n));
+}
+
 int main(int argc, char **argv) {
     const char *m = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -383,13 +422,17 @@ int main(int argc, char **argv) {
         debugged();
     } else if (!strcmp(m, "core")) {
         crash_with_a_freed_secret();
+    } else if (!strcmp(m, "nohugepage")) {
+        no_huge_pages(0);
+    } else if (!strcmp(m, "thp-disable")) {
+        no_huge_pages(1);
     } else if (!strcmp(m, "dontfork")) {
         advice_reused(MADV_DONTFORK);
     } else if (!strcmp(m, "wipeonfork")) {
         advice_reused(MADV_WIPEONFORK);
     } else {
         fprintf(stderr, "usage: rights setuid|switcher|raw-setuid|nnp|userns|setns|seccomp|seccomp-syscall|sandbox|"
-                        "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|dontfork|wipeonfork\n");
+                        "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|nohugepage|thp-disable|dontfork|wipeonfork\n");
         return 64;
     }
     return 0;

@@ -35,6 +35,7 @@ use super::{Handler, Kernel};
 use crate::page::{bytes, PMD_PAGES, PMD_SIZE};
 use crate::region::Range;
 use crate::stats::Stats;
+use std::sync::atomic::Ordering::Relaxed;
 
 impl<K: Kernel> Handler<'_, K> {
     /// `ahead=wake`: installs the window ahead `[first, end)` (pages of `range`, whole PMDs)
@@ -49,7 +50,11 @@ impl<K: Kernel> Handler<'_, K> {
             // locate gives whole PMDs of the address space.
             debug_assert!(addr % PMD_SIZE == 0 && n == PMD_PAGES, "{addr:#x} {n}");
             if addr + bytes(n) > mapping_end
-                || (write && (range.pmds.has_table(addr) || !self.huge_ready()))
+                || (write
+                    && (range.pmds.has_table(addr)
+                        || range.pmds.no_huge(addr)
+                        || self.shared.thp_disabled.load(Relaxed)
+                        || !self.huge_ready()))
                 || self.fault_waiting()
             {
                 break;

@@ -236,7 +236,8 @@ impl<K: Kernel> Handler<'_, K> {
         while off < len {
             let at = dst + off;
             let rest = len - off;
-            let (n, huge) = match range.filter(|_| self.stage.is_some()) {
+            let huge_ok = self.stage.is_some() && !self.shared.thp_disabled.load(Relaxed);
+            let (n, huge) = match range.filter(|_| huge_ok) {
                 Some(r) => match r.pmds.clear_run(at, rest) {
                     // 4 KiB pages up to the next PMD boundary, where huge pages may start.
                     0 => (((at / PMD_SIZE + 1) * PMD_SIZE - at).min(rest), false),

@@ -683,6 +683,13 @@ fn status_field(name: &str) -> Option<u64> {
         .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
 }
 
+/// Whether the process asked for no transparent huge pages (`prctl(PR_SET_THP_DISABLE)`,
+/// inherited across fork and exec).
+pub(crate) fn thp_disabled() -> bool {
+    // SAFETY: PR_GET_THP_DISABLE reads a flag of the process; no pointer.
+    unsafe { raw::syscall(libc::SYS_prctl, [libc::PR_GET_THP_DISABLE as usize, 0, 0, 0, 0, 0]) == 1 }
+}
+
 /// Whether a tracer (a debugger, strace) is attached to the process's main thread.
 pub fn traced() -> bool {
     status_field("TracerPid").is_some_and(|p| p != 0)

@@ -1,0 +1,160 @@
+//! The engine's own memory: beside a program that makes and frees large blocks by the thousand
+//! (crates/zerofault-preload/tests/c/churn.c), the pools keep little (DESIGN.md, "The pool's
+//! memory budget"), and a program that fits a memory cgroup natively fits it under the shim
+//! (shared/repro/round2/r_churn.c was OOM-killed in 512 MiB and 1 GiB at 3ea8211).
+
+mod common;
+
+use common::{cc, counter, measured, run, stderr, stdout, temp_dir, zerofault};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+const MIB_KB: i64 = 1024;
+
+fn churn(cmd: &mut Command) -> Output {
+    let o = run(cmd, Duration::from_secs(120));
+    assert_eq!(
+        (o.status.code(), stdout(&o).as_str()),
+        (Some(0), "made 3000\n"),
+        "{}",
+        stderr(&o)
+    );
+    o
+}
+
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_churning_program_peaks_within_128_mib_of_its_native_rss() {
+    let dir = temp_dir("memory-churn");
+    let prog = cc("churn", &dir, false);
+    let native = churn(Command::new(&prog).arg("3000"));
+    let shim = churn(zerofault().args(["run", "--stats", "--"]).arg(&prog).arg("3000"));
+    let (n, s) = (measured(&native, "hwm_kb"), measured(&shim, "hwm_kb"));
+    assert!(
+        s <= n + 128 * MIB_KB,
+        "peak RSS {} MiB under the shim, {} MiB natively\n{}",
+        s / MIB_KB,
+        n / MIB_KB,
+        stderr(&shim)
+    );
+    assert!(
+        counter(&shim, "pages_recycled") > 0,
+        "nothing recycled: {}",
+        stderr(&shim)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A memory cgroup of its own for one test: a child of this process's memory cgroup (v1's
+/// memory hierarchy where it is mounted, else v2's), removed when dropped.
+struct Cgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl Cgroup {
+    fn new(name: &str, limit: u64) -> Cgroup {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let v1 = own.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+            ctl.split(',').any(|c| c == "memory").then(|| path.to_string())
+        });
+        let (v2, parent) = match v1 {
+            Some(p) => (
+                false,
+                Path::new("/sys/fs/cgroup/memory").join(p.trim_start_matches('/')),
+            ),
+            None => {
+                let p = own.lines().find_map(|l| l.strip_prefix("0::")).expect("a cgroup");
+                (true, Path::new("/sys/fs/cgroup").join(p.trim_start_matches('/')))
+            }
+        };
+        let dir = parent.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let cg = Cgroup { dir, v2 };
+        let file = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
+        std::fs::write(cg.dir.join(file), limit.to_string()).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (v2: is the memory controller on?)",
+                cg.dir.join(file).display()
+            )
+        });
+        cg
+    }
+
+    /// Runs `cmd` inside the cgroup (the child moves itself in before exec).
+    fn run(&self, cmd: &mut Command) -> Output {
+        use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(self.dir.join("cgroup.procs").to_str().unwrap()).unwrap();
+        // SAFETY: the child writes "0" (itself) to cgroup.procs with open/write/close only.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(())
+            })
+        };
+        run(cmd, Duration::from_secs(120))
+    }
+
+    /// Times the kernel's OOM killer killed in the cgroup.
+    fn oom_kills(&self) -> u64 {
+        let (file, key) = if self.v2 {
+            ("memory.events", "oom_kill ")
+        } else {
+            ("memory.oom_control", "oom_kill ")
+        };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Empty by now: every process run in it has exited.
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn fits(limit: u64) {
+    let dir = temp_dir(&format!("memory-cgroup-{}m", limit >> 20));
+    let prog = cc("churn", &dir, false);
+    let cg = Cgroup::new(&format!("zerofault-test-{}m", limit >> 20), limit);
+    let native = cg.run(Command::new(&prog).arg("3000"));
+    assert_eq!(native.status.code(), Some(0), "natively: {}", stderr(&native));
+    for round in 0..3 {
+        let shim = cg.run(zerofault().args(["run", "--stats", "--"]).arg(&prog).arg("3000"));
+        assert_eq!(
+            (shim.status.code(), stdout(&shim).as_str(), cg.oom_kills()),
+            (Some(0), "made 3000\n", 0),
+            "round {round} in {} MiB: {}",
+            limit >> 20,
+            stderr(&shim)
+        );
+        assert!(
+            counter(&shim, "fault_events") > 0,
+            "the engine served nothing: {}",
+            stderr(&shim)
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+#[cfg_attr(any(zerofault_no_uffd, zerofault_not_root), ignore = "needs userfaultfd and root")]
+fn a_churning_program_fits_a_memory_cgroup_of_512_mib_as_natively() {
+    fits(512 << 20);
+}
+
+#[test]
+#[cfg_attr(any(zerofault_no_uffd, zerofault_not_root), ignore = "needs userfaultfd and root")]
+fn a_churning_program_fits_a_memory_cgroup_of_256_mib_as_natively() {
+    fits(256 << 20);
+}
