@@ -248,7 +248,7 @@ fn pausing_and_protecting_the_pool_while_the_scrub_works_hands_out_only_zero_pag
 }
 
 /// A program that frees many small blocks (4 MiB each, 640 MiB in all) and touches nothing
-/// after keeps its pools within the memory budget: 128 MiB, and twice the largest recent block,
+/// after keeps its pools within the memory budget: 128 MiB and twice the largest recent block,
 /// not `pool_max` (1 GiB here).
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
