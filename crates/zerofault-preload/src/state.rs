@@ -569,6 +569,13 @@ extern "C" fn fini() {
         return; // never initialised (see zerofault_shim_init)
     }
     let Some(_g) = enter() else { return };
+    if let Some(e) = running() {
+        // The process is exiting: its engine threads go now, while this thread has the CPU,
+        // so that the last thread out (which tears the address space down) is not a
+        // SCHED_IDLE scrub on a busy machine. Faults from here on are the kernel's.
+        let _q = Quiet::new();
+        e.stop_at_exit();
+    }
     let Some(o) = OPTIONS.get() else { return };
     // The process that read the knobs, not a fork child of it (which shares its state).
     if o.verbose && SAY_UNUSED.load(Acquire) && STATE.load(Acquire) == IDLE && getpid() == ROOT_PID.load(Acquire) {

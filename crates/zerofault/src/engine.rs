@@ -1022,14 +1022,27 @@ impl Engine {
     /// A program thread, inside a hook, signals blocked; as [`Engine::pause`].
     pub fn stop_for_good(&self) {
         self.pause();
+        if !self.shared.failed.load(Acquire) {
+            Stats::add(&self.shared.stats.steps_aside, 1);
+        }
+        self.fail_open_paused();
+    }
+
+    /// The process is exiting (`exit`, or a return from `main`): the engine's threads leave
+    /// now, from the exiting thread, and the kernel serves every later fault. So the thread
+    /// that tears the address space down, the last one out, is never a SCHED_IDLE scrub that a
+    /// busy machine leaves without CPU (DESIGN.md, "The program's rights").
+    ///
+    /// # Context
+    /// The exiting program thread (a library destructor), signals blocked; as [`Engine::pause`].
+    pub fn stop_at_exit(&self) {
+        self.pause();
         self.fail_open_paused();
     }
 
     /// With no thread running: fails open (the descriptor closed, the pools emptied).
     fn fail_open_paused(&self) {
-        if !self.shared.failed.swap(true, AcqRel) {
-            Stats::add(&self.shared.stats.steps_aside, 1);
-        }
+        self.shared.failed.store(true, Release);
         drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
         for p in &self.shared.pools {
             p.release_all();
