@@ -75,6 +75,34 @@ fn dropping_root_drops_it_on_the_engine_threads_too() {
     served_before_and_after(&shim);
 }
 
+/// glibc's setuid signals every other thread and waits for each; it installs that signal's
+/// handler at the program's first pthread_create, only while it still counts one thread. The
+/// engine, started before that, said otherwise: the setuid killed the program (signal 33).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn setuid_beside_a_thread_made_after_the_engine_started() {
+    let shim = same("setuid-thread", "setuid 20 times beside a second thread, 0 failed\n");
+    assert!(
+        counter(&shim, "fault_events") > 0,
+        "the engine served nothing: {}",
+        stderr(&shim)
+    );
+}
+
+/// A thread discarding served memory while main calls setuid: the discard waits for the
+/// engine, glibc's setuid for the thread. With the engine stopped around the call (the first
+/// version of this) both waited for ever.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn setuid_beside_a_thread_waiting_for_the_engine() {
+    let shim = same("setuid-busy", "setuid 20 times beside a discarding thread, 0 failed\n");
+    assert!(
+        counter(&shim, "fault_events") > 0,
+        "the engine served nothing: {}",
+        stderr(&shim)
+    );
+}
+
 /// Each change of rights stops and restarts the engine's threads; a program that changes them
 /// all the time gets the kernel instead, after 64.
 #[test]

@@ -306,7 +306,7 @@ enum {
     S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
     S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP,
-    S_HOLD, S_RELEASE, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_SHIM_COUNT,
+    S_HOLD, S_RELEASE, S_RESTART, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_SHIM_COUNT,
     S_SETUID = S_SHIM_COUNT, S_SETGID, S_SETEUID, S_SETEGID, S_SETREUID, S_SETREGID, S_SETRESUID,
     S_SETRESGID, S_SETGROUPS, S_CAPSET, S_PRCTL, S_UNSHARE, S_SETNS, S_SYSCALL, S_IOCTL, S_COUNT
 };
@@ -315,7 +315,8 @@ static const char *const names[S_COUNT] = {
     "memalign", "valloc", "pvalloc", "malloc_usable_size", "mmap", "mmap64", "mremap", "madvise",
     "mlockall", "munlockall", "zerofault_map", "zerofault_unmap", "zerofault_active",
     "zerofault_stats_json", "zerofault_recycle", "munmap",
-    "zerofault_hold_threads", "zerofault_release_threads", "zerofault_foreign_register",
+    "zerofault_hold_threads", "zerofault_release_threads", "zerofault_restart_threads",
+    "zerofault_foreign_register",
     "zerofault_prefault", "zerofault_thp_disabled",
     "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
     "setgroups", "capset", "prctl", "unshare", "setns", "syscall", "ioctl",
@@ -742,7 +743,8 @@ EXPORT size_t zerofault_stats_json(char *buf, size_t cap) {
  *
  * - Credentials, capabilities, NO_NEW_PRIVS and user namespaces: the engine's threads are
  *   stopped around the call and started again from the calling thread, which hands them its
- *   new state (they are raw clones: glibc's set*id broadcast never reaches them).
+ *   new state (they are raw clones: glibc's set*id broadcast never reaches them); around
+ *   glibc's set*id calls, which wait for every program thread, they are restarted after.
  * - A seccomp filter: the engine stops for good before it (before the shim is loaded: the
  *   shim never is).
  * - UFFDIO_REGISTER refused with EBUSY (memory the engine serves): tried once more after the
@@ -761,9 +763,10 @@ static int hold(int how) {
         return 0;
     if (load_state() == READY)
         return ((int (*)(int))shim[S_HOLD])(how);
-    if (how == FOR_GOOD) {
+    if (how == FOR_GOOD && getpid() == owner) {
         /* Before the shim is loaded: it never is (a filter may refuse what loading it calls,
-         * or what the engine's threads call, and kill the process for it). */
+         * or what the engine's threads call, and kill the process for it). Not from a vfork
+         * child, whose memory, and so this state, is its parent's. */
         int idle = IDLE;
         __atomic_compare_exchange_n(&state, &idle, OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
     }
@@ -786,20 +789,32 @@ static void release_threads(int held) {
         return r_;                                                                                 \
     } while (0)
 
-EXPORT int setuid(uid_t u) { AROUND(FOLLOW, NEXT(SETUID, int (*)(uid_t))(u)); }
-EXPORT int setgid(gid_t g) { AROUND(FOLLOW, NEXT(SETGID, int (*)(gid_t))(g)); }
-EXPORT int seteuid(uid_t u) { AROUND(FOLLOW, NEXT(SETEUID, int (*)(uid_t))(u)); }
-EXPORT int setegid(gid_t g) { AROUND(FOLLOW, NEXT(SETEGID, int (*)(gid_t))(g)); }
-EXPORT int setreuid(uid_t r, uid_t e) { AROUND(FOLLOW, NEXT(SETREUID, int (*)(uid_t, uid_t))(r, e)); }
-EXPORT int setregid(gid_t r, gid_t e) { AROUND(FOLLOW, NEXT(SETREGID, int (*)(gid_t, gid_t))(r, e)); }
+/* glibc's set*id calls signal every other thread of the program and wait for each: one
+ * waiting for the engine (in a MADV_DONTNEED of served memory) must find it running. So the
+ * engine's threads are restarted after the call instead (rights.rs). */
+static int restart_after(int r) {
+    if (r == 0 && !tls.in_hook && load_state() == READY) {
+        int saved = errno;
+        ((void (*)(void))shim[S_RESTART])();
+        errno = saved;
+    }
+    return r;
+}
+
+EXPORT int setuid(uid_t u) { return restart_after(NEXT(SETUID, int (*)(uid_t))(u)); }
+EXPORT int setgid(gid_t g) { return restart_after(NEXT(SETGID, int (*)(gid_t))(g)); }
+EXPORT int seteuid(uid_t u) { return restart_after(NEXT(SETEUID, int (*)(uid_t))(u)); }
+EXPORT int setegid(gid_t g) { return restart_after(NEXT(SETEGID, int (*)(gid_t))(g)); }
+EXPORT int setreuid(uid_t r, uid_t e) { return restart_after(NEXT(SETREUID, int (*)(uid_t, uid_t))(r, e)); }
+EXPORT int setregid(gid_t r, gid_t e) { return restart_after(NEXT(SETREGID, int (*)(gid_t, gid_t))(r, e)); }
 EXPORT int setresuid(uid_t r, uid_t e, uid_t s) {
-    AROUND(FOLLOW, NEXT(SETRESUID, int (*)(uid_t, uid_t, uid_t))(r, e, s));
+    return restart_after(NEXT(SETRESUID, int (*)(uid_t, uid_t, uid_t))(r, e, s));
 }
 EXPORT int setresgid(gid_t r, gid_t e, gid_t s) {
-    AROUND(FOLLOW, NEXT(SETRESGID, int (*)(gid_t, gid_t, gid_t))(r, e, s));
+    return restart_after(NEXT(SETRESGID, int (*)(gid_t, gid_t, gid_t))(r, e, s));
 }
 EXPORT int setgroups(size_t n, const gid_t *list) {
-    AROUND(FOLLOW, NEXT(SETGROUPS, int (*)(size_t, const gid_t *))(n, list));
+    return restart_after(NEXT(SETGROUPS, int (*)(size_t, const gid_t *))(n, list));
 }
 EXPORT int capset(void *hdr, void *data) { AROUND(FOLLOW, NEXT(CAPSET, int (*)(void *, void *))(hdr, data)); }
 EXPORT int unshare(int flags) { AROUND(FOLLOW, NEXT(UNSHARE, int (*)(int))(flags)); }

@@ -80,6 +80,22 @@ pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
     }
 }
 
+/// After a set*id call of glibc's that succeeded: the engine's threads are stopped and started
+/// again from the calling thread, which hands them the new credentials. Not before the call,
+/// as for the others: glibc's call signals every other thread of the program and waits for
+/// each, and one waiting for the engine (in a `MADV_DONTNEED` of served memory, a fault taken
+/// in a system call) would wait for ever with the engine stopped. Between the call and the
+/// restart the engine's threads keep the old credentials, running only the engine's code.
+///
+/// # Context
+/// A program thread, from the front's hook, after the call.
+#[no_mangle]
+pub extern "C" fn zerofault_restart_threads() {
+    if zerofault_hold_threads(0) != 0 {
+        zerofault_release_threads();
+    }
+}
+
 /// Times the engine's threads were stopped for a change of rights.
 static HELD: AtomicU32 = AtomicU32::new(0);
 

@@ -267,6 +267,9 @@ pub fn verbose() -> bool {
 /// From now on no engine starts in this process or its fork children: returns this process's
 /// engine, if it runs, for the caller to stop.
 pub fn switch_off() -> Option<&'static Engine> {
+    if OWNER_PID.load(Acquire) != getpid() {
+        return None; // a vfork child: the state is its parent's
+    }
     SANDBOXED.store(true, Release);
     let _ = STATE.compare_exchange(IDLE, OFF, AcqRel, Acquire);
     running()

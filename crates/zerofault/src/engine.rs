@@ -248,9 +248,9 @@ struct Threads {
     handlers: Vec<EngineThread>,
     /// One scrub thread per pool.
     scrubbers: Vec<EngineThread>,
-    /// Between [`Engine::pause`] and [`Engine::resume`] (or for good, after
-    /// [`Engine::stop_for_good`]).
-    paused: bool,
+    /// Callers of [`Engine::pause`] not resumed yet (one for good, after
+    /// [`Engine::stop_for_good`]): the threads are stopped while any holds them.
+    holders: usize,
 }
 
 /// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
@@ -555,7 +555,9 @@ impl Engine {
     /// between its watermarks from then on. No-op without a pool. With a pool per node, each
     /// is filled to `bytes` (its rings are bound to its node, whatever thread populates them).
     pub fn prefill(&self, bytes: usize) -> io::Result<()> {
-        self.shared.budget.filling(pages(bytes));
+        // Each pool is filled to `bytes` (one per node): the budget holds them all.
+        let pools = self.shared.pools.len().max(1) as u64;
+        self.shared.budget.filling(pages(bytes).saturating_mul(pools));
         let filled = self.prefill_pools(bytes);
         self.shared.budget.filled();
         filled
@@ -955,17 +957,19 @@ impl Engine {
     /// (a program thread's fault, or a `MADV_DONTNEED` of served memory, waits for the resume),
     /// so the caller resumes right after its call. The scrub threads stop first: a discard of
     /// theirs in a registered pool ring waits for a handler to read its event.
-    /// Returns false when the engine was paused already. DESIGN.md, "The program's rights".
+    /// Callers nest: the threads come back at the last [`Engine::resume`] (two threads changing
+    /// their rights at once both find the engine stopped for their calls). Returns true: the
+    /// caller must resume. DESIGN.md, "The program's rights".
     ///
     /// # Context
     /// A program thread, inside a hook, signals blocked; takes the threads' lock; sleeps until
     /// the threads have left (they need no lock the caller holds).
     pub fn pause(&self) -> bool {
         let mut t = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        if t.paused {
-            return false;
+        t.holders += 1;
+        if t.holders > 1 {
+            return true;
         }
-        t.paused = true;
         self.shared.stopping.store(true, Release);
         self.shared.kick_scrubs();
         let tids: Vec<u32> = t.handlers.iter().chain(&t.scrubbers).map(EngineThread::tid).collect();
@@ -983,34 +987,44 @@ impl Engine {
         true
     }
 
-    /// Starts the threads [`Engine::pause`] stopped, from the calling thread. Where a thread
-    /// cannot be started, the engine fails open (the kernel serves every fault from then on).
+    /// Starts the threads [`Engine::pause`] stopped, from the calling thread, once no caller
+    /// holds them stopped any more. Where a thread cannot be started, the engine fails open
+    /// (the kernel serves every fault from then on).
     ///
     /// # Context
     /// A program thread, inside a hook, signals blocked, right after its call; takes the
     /// threads' lock.
     pub fn resume(&self) {
         let mut t = self.threads.lock().unwrap_or_else(|e| e.into_inner());
-        if !t.paused || self.shared.failed.load(Acquire) {
+        t.holders = t.holders.saturating_sub(1);
+        if t.holders > 0 || self.shared.failed.load(Acquire) {
             return;
         }
-        t.paused = false;
         self.shared.stopping.store(false, Release);
-        let started = Engine::spawn_handlers(&self.shared, &mut t);
-        if started.is_ok() {
-            // The doorbells the pause rang hold zero pages: missing again for the next stop. A
-            // registered range: the handler just started reads the REMOVE event.
-            let bells = self.shared.handling.len() * PAGE_SIZE;
-            // SAFETY: the engine's own doorbell pages, read by nobody but the stop.
-            let _ = unsafe { mman::madvise(self.shared.doorbell, bells, libc::MADV_DONTNEED) };
+        let mut started = Ok(());
+        for i in 0..self.shared.handling.len() {
+            let s = self.shared.clone();
+            match sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i))) {
+                Ok(h) => t.handlers.push(h),
+                Err(e) => {
+                    started = Err(EngineError::Thread(e));
+                    break;
+                }
+            }
+            if i == 0 {
+                // The doorbells the pause rang hold zero pages: missing again for the next
+                // stop (a registered range: the handler just started reads the REMOVE event).
+                let bells = self.shared.handling.len() * PAGE_SIZE;
+                // SAFETY: the engine's own doorbell pages, read by nobody but a stop.
+                let _ = unsafe { mman::madvise(self.shared.doorbell, bells, libc::MADV_DONTNEED) };
+            }
         }
         if started
             .and_then(|()| Engine::spawn_scrubbers(&self.shared, &mut t))
             .is_err()
         {
             drop(t);
-            self.pause();
-            self.fail_open_paused();
+            self.stop_for_good();
         }
     }
 

@@ -109,6 +109,51 @@ static void drop_root(void) {
            every_thread("CapEff", "0000000000000000"));
 }
 
+/* A second thread, created after the engine started, while main calls setuid: glibc's set*id
+ * signals it and waits for it. glibc installs that signal's handler at the program's first
+ * pthread_create, only while it still counts one thread (the engine must not say otherwise). */
+static void *sleeping(void *arg) {
+    (void)arg;
+    for (;;)
+        pause();
+    return NULL;
+}
+
+/* A thread writing and discarding served memory: its MADV_DONTNEED waits for the engine to
+ * read the event, and glibc's set*id waits for the thread. */
+static volatile int stop_discarding;
+static void *discarding(void *arg) {
+    unsigned char *b = arg;
+    while (!stop_discarding) {
+        for (size_t i = 0; i < 8 * MIB; i += 4096)
+            b[i] = 1;
+        madvise(b, 8 * MIB, MADV_DONTNEED);
+    }
+    return NULL;
+}
+
+static void setuid_beside_a_discarding_thread(void) {
+    unsigned char *b = touched_block();
+    pthread_t t;
+    pthread_create(&t, NULL, discarding, b);
+    int bad = 0;
+    for (int i = 0; i < 20; i++)
+        bad += setuid(getuid()) != 0;
+    stop_discarding = 1;
+    pthread_join(t, NULL);
+    printf("setuid 20 times beside a discarding thread, %d failed\n", bad);
+}
+
+static void setuid_with_a_second_thread(void) {
+    touched_block(); /* the engine starts before the program's first thread */
+    pthread_t t;
+    pthread_create(&t, NULL, sleeping, NULL);
+    int bad = 0;
+    for (int i = 0; i < 20; i++)
+        bad += setuid(getuid()) != 0;
+    printf("setuid 20 times beside a second thread, %d failed\n", bad);
+}
+
 static void raw_drop_root(void) {
     long a = syscall(SYS_setgroups, 0, NULL), b = syscall(SYS_setresgid, 65534, 65534, 65534);
     long c = syscall(SYS_setresuid, 65534, 65534, 65534);
@@ -337,6 +382,10 @@ int main(int argc, char **argv) {
         touched_block();
         drop_root();
         printf("fresh memory %s\n", fresh_memory_works());
+    } else if (!strcmp(m, "setuid-thread")) {
+        setuid_with_a_second_thread();
+    } else if (!strcmp(m, "setuid-busy")) {
+        setuid_beside_a_discarding_thread();
     } else if (!strcmp(m, "switcher")) {
         /* A file server impersonating each client in turn. */
         touched_block();
@@ -431,7 +480,7 @@ int main(int argc, char **argv) {
     } else if (!strcmp(m, "wipeonfork")) {
         advice_reused(MADV_WIPEONFORK);
     } else {
-        fprintf(stderr, "usage: rights setuid|switcher|raw-setuid|nnp|userns|setns|seccomp|seccomp-syscall|sandbox|"
+        fprintf(stderr, "usage: rights setuid|setuid-thread|setuid-busy|switcher|raw-setuid|nnp|userns|setns|seccomp|seccomp-syscall|sandbox|"
                         "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|nohugepage|thp-disable|dontfork|wipeonfork\n");
         return 64;
     }

@@ -137,12 +137,17 @@ pub fn forget_engine_threads_after_fork() {
 
 /// Tells glibc that the process has more than one thread, as its `pthread_create` does before
 /// the first one: the calling thread's `header.multiple_threads` (which glibc 2.36's malloc
-/// reads as `SINGLE_THREAD_P`) and `__libc_single_threaded` (which later glibc reads) are set.
-/// Otherwise a program whose only thread is the one starting the engine keeps taking glibc's
-/// single-thread shortcuts, malloc without its arena locks among them, while an engine thread
-/// allocates from the same arena (where the program's global allocator is glibc's: a Rust
-/// program using the library; the shim allocates from its own memory on engine threads). Seen
-/// here as heap corruption in `zerofault verify`, before any thread of its own existed.
+/// reads as `SINGLE_THREAD_P`) is set. Otherwise a program whose only thread is the one
+/// starting the engine keeps taking glibc's single-thread shortcuts, malloc without its arena
+/// locks among them, while an engine thread allocates from the same arena (where the program's
+/// global allocator is glibc's: a Rust program using the library; the shim allocates from its
+/// own memory on engine threads). Seen here as heap corruption in `zerofault verify`, before
+/// any thread of its own existed.
+///
+/// `__libc_single_threaded` (which later glibc reads too) is cleared only once glibc's own
+/// first `pthread_create` has run: that call installs the handlers of glibc's set*id and
+/// cancellation signals only while the byte still says one thread, and without them the
+/// program's first `setuid` with two threads killed it ("Unknown signal 33").
 #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
 fn mark_multi_threaded() {
     extern "C" {
@@ -151,12 +156,26 @@ fn mark_multi_threaded() {
     // SAFETY: %fs:0x18 is `header.multiple_threads` in glibc's x86-64 TCB of the calling
     // thread (the offset prepare() checked the layout for, and the one written for engine
     // threads); glibc only ever sets it to 1 itself, and reads it on this thread.
-    // `__libc_single_threaded` is glibc's exported byte (2.32+); it is only ever cleared, as
-    // here, never set back.
-    unsafe {
-        std::arch::asm!("mov dword ptr fs:[0x18], 1", options(nostack, preserves_flags));
-        std::ptr::addr_of_mut!(__libc_single_threaded).write_volatile(0);
+    unsafe { std::arch::asm!("mov dword ptr fs:[0x18], 1", options(nostack, preserves_flags)) };
+    if glibc_signals_ready() {
+        // SAFETY: `__libc_single_threaded` is glibc's exported byte (2.32+); it is only ever
+        // cleared, as here, never set back.
+        unsafe { std::ptr::addr_of_mut!(__libc_single_threaded).write_volatile(0) };
     }
+}
+
+/// Whether glibc installed its handler for SIGSETXID (33), which its first `pthread_create`
+/// does (`late_init`): a handler, not SIG_DFL (0) nor SIG_IGN (1), which a parent may have
+/// left (a process started with 33 ignored, as `cargo test` children are, got late_init's
+/// handler natively and hung in its first setuid under the shim).
+#[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
+fn glibc_signals_ready() -> bool {
+    // The kernel's struct sigaction on x86-64: handler, flags, restorer, mask.
+    let mut old = [0usize; 4];
+    // SAFETY: rt_sigaction reads no new action (NULL) and writes the old one into `old`, which
+    // is as large as the kernel's struct with an 8-byte mask.
+    let r = unsafe { raw::syscall(libc::SYS_rt_sigaction, [33, 0, old.as_mut_ptr() as usize, 8, 0, 0]) };
+    r == 0 && old[0] > 1
 }
 
 #[cfg(not(all(target_arch = "x86_64", target_env = "gnu")))]
