@@ -475,6 +475,9 @@ fn init_options() {
     }
     // Engine threads are made with clone(2) on TLS of their own; what they copy is read here,
     // where the dynamic loader's lock is safe to take.
+    // The engine's threads here allocate from the engine's own memory (lib.rs's global
+    // allocator), never with glibc's malloc.
+    engine::os::thread::own_allocator();
     if let Err(why) = engine::os::thread::prepare() {
         if opts.stats || opts.verbose {
             say(&format!("zerofault: {why}; running without the engine"));

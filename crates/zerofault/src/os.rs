@@ -24,7 +24,9 @@ pub mod raw {
 
 /// Signals and threads.
 pub mod thread {
-    pub use crate::sys::thread::{forget_engine_threads_after_fork, prepare, seccomp_filtered, traced, Blocked};
+    pub use crate::sys::thread::{
+        forget_engine_threads_after_fork, own_allocator, prepare, seccomp_filtered, traced, Blocked,
+    };
 }
 
 /// The engine's allocator over raw mmap, and its fork hooks.

@@ -20,6 +20,13 @@ fn main() {
     assert_eq!(single(), 1, "no thread started yet: glibc says single-threaded");
     let e = zerofault::Engine::new(zerofault::Options::default()).expect("engine");
     assert_eq!(single(), 0, "the engine's threads exist: glibc must know");
+    // And glibc's own first-thread setup ran before: its set*id signal (33) has its handler,
+    // without which the program's first setuid with two threads would kill it.
+    let mut old = [0usize; 4];
+    // SAFETY: rt_sigaction reads no new action and writes the old one (the kernel's struct,
+    // an 8-byte mask) into `old`.
+    let r = unsafe { libc::syscall(libc::SYS_rt_sigaction, 33, 0usize, old.as_mut_ptr(), 8usize) };
+    assert!(r == 0 && old[0] > 1, "glibc's SIGSETXID handler: {:#x}", old[0]);
     // And the engine's threads allocate while this one does, with nothing going wrong: a
     // region touched and recycled a few times (the scrub and handler allocate meanwhile),
     // this thread allocating all along.

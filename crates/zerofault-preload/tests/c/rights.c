@@ -27,6 +27,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "smaps.h"
+
 #define MIB ((size_t)1 << 20)
 #define BIG (64 * MIB)
 
@@ -338,24 +340,6 @@ static void crash_with_a_freed_secret(void) {
 
 /* ---- huge pages the program said no to */
 
-/* AnonHugePages of the mappings inside [p, p + n) (the engine's own pool holds huge pages
- * too, elsewhere). */
-static long anon_huge_kb(const void *p, size_t n) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    char line[512];
-    long kb = 0;
-    int inside = 0;
-    while (f && fgets(line, sizeof line, f)) {
-        unsigned long a, b;
-        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' '))
-            inside = a < (unsigned long)p + n && (unsigned long)p < b;
-        else if (inside && !strncmp(line, "AnonHugePages:", 14))
-            kb += atol(line + 14);
-    }
-    if (f)
-        fclose(f);
-    return kb;
-}
 
 /* 256 MiB written whole after MADV_NOHUGEPAGE on the mapping, or after
  * prctl(PR_SET_THP_DISABLE) on a malloc block: natively no huge page at all. */
@@ -372,7 +356,7 @@ static void no_huge_pages(int by_prctl) {
     }
     memset(p, 1, n);
     __asm__ volatile("" : : "r"(p) : "memory");
-    printf("advice %d; huge pages %ld kB\n", r, anon_huge_kb(p, n));
+    printf("advice %d; huge pages %ld kB\n", r, anon_huge_kb(p, p + n));
 }
 
 int main(int argc, char **argv) {

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include "smaps.h"
+
 #define HUGE ((size_t)2 << 20)
 
 static long rss_kb(void) {
@@ -21,21 +23,6 @@ static long rss_kb(void) {
     return v;
 }
 
-static long anon_huge_kb(unsigned char *lo, unsigned char *hi) {
-    FILE *f = fopen("/proc/self/smaps", "r");
-    char line[512];
-    long sum = 0;
-    int in = 0;
-    while (f && fgets(line, sizeof line, f)) {
-        unsigned long a, b;
-        if (sscanf(line, "%lx-%lx ", &a, &b) == 2 && strchr(line, '-') < strchr(line, ' '))
-            in = b > (unsigned long)lo && a < (unsigned long)hi;
-        else if (in && !strncmp(line, "AnonHugePages:", 14))
-            sum += atol(line + 14);
-    }
-    if (f) fclose(f);
-    return sum;
-}
 
 int main(void) {
     size_t len = (size_t)1 << 30;

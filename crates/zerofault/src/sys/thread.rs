@@ -144,10 +144,14 @@ pub fn forget_engine_threads_after_fork() {
 /// own memory on engine threads). Seen here as heap corruption in `zerofault verify`, before
 /// any thread of its own existed.
 ///
-/// `__libc_single_threaded` (which later glibc reads too) is cleared only once glibc's own
-/// first `pthread_create` has run: that call installs the handlers of glibc's set*id and
-/// cancellation signals only while the byte still says one thread, and without them the
-/// program's first `setuid` with two threads killed it ("Unknown signal 33").
+/// `__libc_single_threaded` (which glibc's malloc reads too) must be cleared as well, but only
+/// once glibc's own first `pthread_create` has run: that call installs the handlers of glibc's
+/// set*id and cancellation signals only while the byte still says one thread, and without
+/// them the program's first `setuid` with two threads killed it ("Unknown signal 33"). So a
+/// library user's engine (whose threads allocate with glibc's malloc) has glibc start and join
+/// one thread of its own first; the shim, whose engine threads allocate only from the
+/// engine's own memory ([`own_allocator`]), leaves the byte to the program's first
+/// `pthread_create` (it may not call glibc's allocator from its hooks).
 #[cfg(all(target_arch = "x86_64", target_env = "gnu"))]
 fn mark_multi_threaded() {
     extern "C" {
@@ -157,11 +161,28 @@ fn mark_multi_threaded() {
     // thread (the offset prepare() checked the layout for, and the one written for engine
     // threads); glibc only ever sets it to 1 itself, and reads it on this thread.
     unsafe { std::arch::asm!("mov dword ptr fs:[0x18], 1", options(nostack, preserves_flags)) };
-    if glibc_signals_ready() {
-        // SAFETY: `__libc_single_threaded` is glibc's exported byte (2.32+); it is only ever
-        // cleared, as here, never set back.
-        unsafe { std::ptr::addr_of_mut!(__libc_single_threaded).write_volatile(0) };
+    if !glibc_signals_ready() {
+        if OWN_ALLOCATOR.load(Relaxed) {
+            return;
+        }
+        // glibc's late_init, through its own first thread.
+        if let Ok(t) = std::thread::Builder::new().spawn(|| {}) {
+            let _ = t.join();
+        }
     }
+    // SAFETY: `__libc_single_threaded` is glibc's exported byte (2.32+); it is only ever
+    // cleared, as here, never set back.
+    unsafe { std::ptr::addr_of_mut!(__libc_single_threaded).write_volatile(0) };
+}
+
+/// Set by an embedder whose engine threads allocate only from the engine's own memory (the
+/// LD_PRELOAD shim: [`crate::sys::alloc::EngineAlloc`] is its global allocator).
+static OWN_ALLOCATOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Says that the engine's threads allocate only from the engine's own memory, never with
+/// glibc's malloc (see [`mark_multi_threaded`]).
+pub fn own_allocator() {
+    OWN_ALLOCATOR.store(true, Relaxed);
 }
 
 /// Whether glibc installed its handler for SIGSETXID (33), which its first `pthread_create`
