@@ -143,7 +143,7 @@ pub unsafe extern "C" fn zerofault_foreign_register(fd: c_int, arg: *const c_voi
         )
     };
     let (start, len) = (start as usize, len as usize);
-    if !e.step_aside(start, len) {
+    if !e.release_overlapping(start, len) {
         return 0;
     }
     if let Some(a) = arena() {

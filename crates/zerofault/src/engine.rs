@@ -179,6 +179,11 @@ impl Shared {
         }
     }
 
+    /// Pages the pools hold: ready, and recycled but not zeroed yet (see [`crate::budget`]).
+    pub(crate) fn pool_held(&self) -> u64 {
+        self.pools.iter().map(|p| p.available() + p.dirty()).sum()
+    }
+
     /// Hands every fault to the kernel for good, from an engine thread (the scrub, on seeing
     /// a tracer): `failed` is set, and every handler is woken by its doorbell to see it and
     /// leave; the last to leave closes the descriptor. DESIGN.md, "The program's rights".
@@ -463,16 +468,21 @@ impl Engine {
             threads: Mutex::new(Threads::default()),
         };
         let threads = engine.threads.get_mut().unwrap_or_else(|e| e.into_inner());
-        Engine::spawn_handlers(&engine.shared, threads)?;
+        Engine::spawn_handlers(&engine.shared, threads, &|| ())?;
         Engine::spawn_scrubbers(&engine.shared, threads)?;
         Ok(engine)
     }
 
-    fn spawn_handlers(shared: &Arc<Shared>, threads: &mut Threads) -> Result<(), EngineError> {
+    /// Starts the handlers; `after_first` runs once the first one is there (the resume re-arms
+    /// the doorbells then).
+    fn spawn_handlers(shared: &Arc<Shared>, threads: &mut Threads, after_first: &dyn Fn()) -> Result<(), EngineError> {
         for i in 0..shared.handling.len() {
             let s = shared.clone();
             let t = sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i)));
             threads.handlers.push(t.map_err(EngineError::Thread)?);
+            if i == 0 {
+                after_first();
+            }
         }
         Ok(())
     }
@@ -639,7 +649,7 @@ impl Engine {
     ///
     /// # Context
     /// A program thread, inside a hook, signals blocked; takes the registration lock.
-    pub fn step_aside(&self, addr: usize, len: usize) -> bool {
+    pub fn release_overlapping(&self, addr: usize, len: usize) -> bool {
         let start = addr & !(PAGE_SIZE - 1);
         let end = addr.saturating_add(len).saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
         let mut any = false;
@@ -881,7 +891,7 @@ impl Engine {
     /// Pages the pools hold: ready, and recycled but not zeroed yet (every node's). At most
     /// the memory budget once the scrub looked (DESIGN.md, "The pool's memory budget").
     pub fn pool_held_pages(&self) -> u64 {
-        self.shared.pools.iter().map(|p| p.available() + p.dirty()).sum()
+        self.shared.pool_held()
     }
 
     /// Each node's pool, where there is one per node (empty on a one-node machine): its level
@@ -1001,24 +1011,14 @@ impl Engine {
             return;
         }
         self.shared.stopping.store(false, Release);
-        let mut started = Ok(());
-        for i in 0..self.shared.handling.len() {
-            let s = self.shared.clone();
-            match sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i))) {
-                Ok(h) => t.handlers.push(h),
-                Err(e) => {
-                    started = Err(EngineError::Thread(e));
-                    break;
-                }
-            }
-            if i == 0 {
-                // The doorbells the pause rang hold zero pages: missing again for the next
-                // stop (a registered range: the handler just started reads the REMOVE event).
-                let bells = self.shared.handling.len() * PAGE_SIZE;
-                // SAFETY: the engine's own doorbell pages, read by nobody but a stop.
-                let _ = unsafe { mman::madvise(self.shared.doorbell, bells, libc::MADV_DONTNEED) };
-            }
-        }
+        // The doorbells the pause rang hold zero pages: missing again for the next stop (a
+        // registered range: the handler just started reads the REMOVE event).
+        let rearm = || {
+            let bells = self.shared.handling.len() * PAGE_SIZE;
+            // SAFETY: the engine's own doorbell pages, read by nobody but a stop.
+            let _ = unsafe { mman::madvise(self.shared.doorbell, bells, libc::MADV_DONTNEED) };
+        };
+        let started = Engine::spawn_handlers(&self.shared, &mut t, &rearm);
         if started
             .and_then(|()| Engine::spawn_scrubbers(&self.shared, &mut t))
             .is_err()

@@ -281,11 +281,10 @@ impl Shared {
         let mut done = Recycled::default();
         let end = addr.saturating_add(len);
         self.budget.note_release(pages(len));
-        let held: u64 = self.pools.iter().map(|p| p.available() + p.dirty()).sum();
         let recycles = self.pools.first().is_some_and(Pool::recycles)
             && !self.pool_paused.load(Acquire)
             && !self.failed.load(Acquire)
-            && held < self.budget.pages();
+            && self.pool_held() < self.budget.pages();
         if recycles {
             self.end_loans(addr, end);
             let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
