@@ -2,10 +2,10 @@
 //! so that the engine's own resident memory stays small beside the program's and inside its
 //! memory cgroup (DESIGN.md, "The pool's memory budget").
 //!
-//! - **Demand.** The pools keep at least [`FLOOR`] (128 MiB), and twice the largest block the
-//!   program freed in the last `purge_delay` (a program freeing 1 GiB to map it again keeps
-//!   it), and what a caller asked for (`Engine::prefill`). A program churning small blocks
-//!   keeps 128 MiB, not `pool_max`.
+//! - **Demand.** The pools keep [`FLOOR`] (128 MiB), what a caller asked for on top
+//!   (`Engine::prefill`), and twice the largest block the program freed in the last
+//!   `purge_delay` on top of that (a program freeing 1 GiB to map it again keeps it). A
+//!   program churning 16 MiB blocks keeps 160 MiB, not `pool_max`.
 //! - **The memory cgroup.** With a limit (the lowest `memory.max`/`memory.high` up the v2
 //!   hierarchy, v1's hierarchical limit), the pools hold at most an eighth of it, and nothing
 //!   once the cgroup is within a sixteenth of it: the kernel would otherwise reclaim (with no
@@ -84,11 +84,13 @@ impl Budget {
     }
 
     /// A recycle of `n` pages is asked for: remembered as demand, and the budget raised at once
-    /// (within the cgroup's bound), so that a program freeing a large block keeps it.
+    /// (within the cgroup's bound) to the floor and the reserve and twice `n`, so that a program
+    /// freeing a large block keeps it.
     pub(crate) fn note_release(&self, n: u64) {
         self.released.fetch_max(n, Relaxed);
-        let cap = self.cap(false);
-        self.pages.fetch_max(n.saturating_mul(2).min(cap), Relaxed);
+        let base = FLOOR.saturating_add(self.reserved.load(Relaxed));
+        self.pages
+            .fetch_max(base.saturating_add(n.saturating_mul(2)).min(self.cap(false)), Relaxed);
     }
 
     /// A caller asked the pools to hold `n` pages (`Engine::prefill`).
@@ -146,7 +148,9 @@ impl Budget {
                 since: Instant::now(),
             };
         }
-        let want = FLOOR.max(recent.big.saturating_mul(2)).max(self.reserved.load(Relaxed));
+        let want = FLOOR
+            .saturating_add(self.reserved.load(Relaxed))
+            .saturating_add(recent.big.saturating_mul(2));
         let b = want.min(self.cap(true));
         self.pages.store(b, Relaxed);
         b
@@ -170,7 +174,10 @@ mod tests {
         // No longer recent.
         assert_eq!(b.update(&mut r, Duration::ZERO), FLOOR);
         b.reserve(pages(1 << 30));
-        assert_eq!(b.update(&mut r, Duration::ZERO), pages(1 << 30));
+        assert_eq!(b.update(&mut r, Duration::ZERO), FLOOR + pages(1 << 30));
+        // A release comes on top of the floor and the reserve.
+        b.note_release(pages(64 << 20));
+        assert_eq!(b.pages(), FLOOR + pages(1 << 30) + pages(128 << 20));
     }
 
     #[test]
