@@ -311,9 +311,18 @@ fn boot_with(
     std::fs::write(&initrd, cpio.finish()).unwrap();
 
     let mut q = Command::new("qemu-system-x86_64");
-    q.args(["-M", "q35", "-accel", "tcg", "-cpu", "max", "-nographic", "-no-reboot"])
-        .args(["-smp", &nodes.to_string()])
-        .args(["-m", &format!("{}M", nodes * mib_per_node)]);
+    q.args([
+        "-M",
+        "q35",
+        "-accel",
+        "tcg,thread=single",
+        "-cpu",
+        "max",
+        "-nographic",
+        "-no-reboot",
+    ])
+    .args(["-smp", &nodes.to_string()])
+    .args(["-m", &format!("{}M", nodes * mib_per_node)]);
     for n in 0..nodes {
         q.arg("-object")
             .arg(format!("memory-backend-ram,id=m{n},size={mib_per_node}M"))
