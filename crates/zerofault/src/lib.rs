@@ -23,7 +23,9 @@
 //!    thread's predictor (`predict.rs`, one table the handlers share) for a window: 16 pages for a first fault, four times
 //!    more each time the fault lands where the last window ended, up to 2048 (stretched to end
 //!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
-//!    for a fault nobody predicted. Once a stream reaches 2048, its windows also cover a
+//!    for a fault nobody predicted. A new stream's first window leaves out the page after the
+//!    fault's (a probe): a writer of every page faults there once; one that goes past it
+//!    untouched writes sparsely (step 6). Once a stream reaches 2048, its windows also cover a
 //!    window ahead (`fault/ahead.rs`): whole PMDs after the window, as many pages as the stream
 //!    has written, up to 32768, so that a warm writer faults once per 128 MiB.
 //! 3. It claims the window in the range's page-state map (`pagemap.rs`): one atomic `fetch_or`
@@ -46,7 +48,9 @@
 //!    waits for the scrubber.
 //! 6. When a thread's faults in a region keep missing the predictions (random access), the
 //!    span they fell in is unregistered: the kernel serves it natively from then on, because a
-//!    round trip per sparse page would cost ten native faults.
+//!    round trip per sparse page would cost ten native faults. A sparse stream (past its probe,
+//!    or missing at one stride, or going down) has its way ahead unregistered at once: 64 MiB
+//!    or more, so that only what it touches becomes resident.
 //!
 //! ## The life of a page
 //! 1. Reserved: the pool is two anonymous areas used as rings (`MADV_DONTFORK`): a small one

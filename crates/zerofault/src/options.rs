@@ -495,8 +495,14 @@ options! {
     /// fell in is handed back to the kernel (unregistered); half as many, and at least 5, when
     /// one thread made them all, each 8 MiB or more from the one before (random access), and
     /// then the whole region of `Engine::map` when they spread over a quarter of it. 0 never
-    /// hands back.
+    /// hands back (sparse streams neither: see `probe`).
     handback_misses: Count = "8",
+    /// A new stream's first window leaves out the page after the fault's: a writer of every
+    /// page faults there once more and is taken for a stream; one that goes past it untouched
+    /// writes every other page or fewer, and its way ahead goes back to the kernel (its memory
+    /// stays as resident as natively). `off`: first windows whole (a strided first touch then
+    /// fills pages it never writes).
+    probe: Bool = "on",
     /// Fault handler threads reading the one userfaultfd; each serves whichever fault it
     /// reads. `auto`: one per 8 CPUs the process may run on (its affinity when the engine
     /// starts), at least 1, at most 8 (docs/SCALING.md has the measurements behind it).

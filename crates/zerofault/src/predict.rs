@@ -28,7 +28,19 @@
 //! (a column store, `memcpy` between two parts of one arena) would miss on every fault, so each
 //! thread keeps [`STREAMS`] streams per region, least recently used replaced. A fault *hits* a
 //! stream when it lands in the window that stream would install next: `[next, next + 2^order)`,
-//! so strided writers whose stride is under the window count as sequential.
+//! so a writer whose stride is under the window faults exactly where a sequential one would.
+//!
+//! ## Sparse streams (issue 27: sparse access never fills memory the program did not touch)
+//! Faults alone cannot tell a writer of every page from one of every other page: both fault
+//! at the end of each window. So a stream's first window leaves out a **probe**, the page
+//! after the fault's: a dense writer touches it (one more round trip, once per stream), and
+//! is proven dense; a writer that reaches the window's end with the probe still missing has
+//! a stride of two pages or more, and the fault is [`Outcome::Sparse`]. A stream opened by a
+//! miss needs no probe: its window is the fault's page alone, and a fault on the next page is
+//! the proof. Misses in a row that keep one stride (two equal distances) are sparse too: a
+//! stride past the window, or a stream going down (windows go up: each of its faults misses).
+//! The handler gives a sparse stream's way ahead back to the kernel (`handback.rs`), which
+//! faults only what the program touches, at native speed.
 //!
 
 use crate::page::PMD_PAGES;
@@ -56,6 +68,12 @@ pub(crate) enum Outcome {
     Hit,
     /// Somewhere else.
     Miss,
+    /// On the page a stream's first window left out: the stream is dense.
+    Probe,
+    /// A sparse stream: past a window whose probe it never touched, or a third miss at one
+    /// stride from the last (or a stream going down). The window is the fault's page;
+    /// [`Window::stride`] says which way the stream goes.
+    Sparse,
 }
 
 /// What to install: pages `[first, first + pages)`; `order` is the window asked for before
@@ -68,6 +86,11 @@ pub(crate) struct Window {
     pub outcome: Outcome,
     /// Pages the stream installed before this window (0 for a new stream).
     pub streak: u64,
+    /// A page of the window to leave out: the probe of a new stream (see the module doc).
+    pub probe: Option<u64>,
+    /// For [`Outcome::Sparse`], the stream's stride in pages (negative downwards; the window's
+    /// pages for a stream past its probe, whose stride is only known to be 2 or more).
+    pub stride: i64,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -78,6 +101,8 @@ struct Stream {
     last_use: u64,
     /// Pages installed since the stream began.
     streak: u64,
+    /// The page its first window left out, until a fault there proves the stream dense.
+    probe: Option<u64>,
 }
 
 /// The streams of one thread in one region.
@@ -85,7 +110,13 @@ struct Stream {
 pub(crate) struct Predictor {
     streams: [Stream; STREAMS],
     clock: u64,
+    /// The thread's last fault here, and the distance of the last miss from the fault before.
+    last: Option<u64>,
+    stride: i64,
 }
+
+/// A window this small has no probe: a fault on its next page costs as much as the window.
+const PROBE_MIN_PAGES: u64 = 4;
 
 impl Predictor {
     #[cfg(test)]
@@ -99,6 +130,28 @@ impl Predictor {
         self.on_fault_aligned(page, end, None, t)
     }
 
+    /// As [`Predictor::on_fault`], probing new streams; `installed` says whether a page was
+    /// installed since (by another thread: a probe so filled is no evidence either way).
+    #[cfg(test)]
+    pub(crate) fn on_fault_probing(
+        &mut self,
+        page: u64,
+        end: u64,
+        installed: &dyn Fn(u64) -> bool,
+        t: &Tuning,
+    ) -> Window {
+        self.on_fault_at(
+            Fault {
+                page,
+                end,
+                phase: None,
+                probing: true,
+                installed,
+            },
+            t,
+        )
+    }
+
     /// As [`Predictor::on_fault`]; with `phase` (the region's first page modulo
     /// [`PMD_PAGES`] in the address space), a window of a PMD or more is stretched (by at most
     /// 511 pages) to end one page short of a PMD boundary. The next sequential fault then lands
@@ -106,13 +159,43 @@ impl Predictor {
     /// us, so that PMD must take 4 KiB pages, and this way it has one left to take, while every
     /// PMD of the window after it is whole and free of tables, ready for a huge page. Without it
     /// a stream that starts off a boundary covers one PMD in four partly, forever.
+    #[cfg(test)]
     pub(crate) fn on_fault_aligned(&mut self, page: u64, end: u64, phase: Option<u64>, t: &Tuning) -> Window {
-        debug_assert!(page < end);
+        let installed = |_| false;
+        self.on_fault_at(
+            Fault {
+                page,
+                end,
+                phase,
+                probing: false,
+                installed: &installed,
+            },
+            t,
+        )
+    }
+
+    /// The window for fault `f` (see [`Fault`]).
+    pub(crate) fn on_fault_at(&mut self, f: Fault<'_>, t: &Tuning) -> Window {
+        let page = f.page;
+        debug_assert!(page < f.end);
         self.clock += 1;
+        let last = self.last.replace(page);
+        if let Some(w) = self.probed(page) {
+            return w;
+        }
         let hit = self
             .streams
             .iter()
             .position(|s| s.live && page >= s.next && page - s.next < 1u64 << s.order);
+        if let Some(i) = hit {
+            if let Some(w) = self.passed_probe(i, page, f.installed) {
+                return w;
+            }
+        }
+        if hit.is_some() || !self.streams.iter().any(|s| s.live) {
+            // Only misses in a row keep a stride: a stream of short runs is no sparse one.
+            self.stride = 0;
+        }
         let (slot, order, outcome) = match hit {
             Some(i) => {
                 let grown = (self.streams[i].order + t.order_step).max(t.start_order);
@@ -127,20 +210,28 @@ impl Predictor {
                 if first {
                     (i, t.start_order.min(t.max_order), Outcome::Start)
                 } else {
+                    if let Some(w) = self.strided(i, page, last) {
+                        return w;
+                    }
                     (i, 0, Outcome::Miss)
                 }
             }
         };
         let mut pages = 1u64 << order;
-        if let Some(phase) = phase.filter(|_| pages >= PMD_PAGES) {
+        if let Some(phase) = f.phase.filter(|_| pages >= PMD_PAGES) {
             let to = (phase + page + pages + 1).next_multiple_of(PMD_PAGES) - 1 - phase;
             pages = to - page;
         }
-        let pages = pages.min(end - page);
+        let pages = pages.min(f.end - page);
         let streak = if outcome == Outcome::Hit {
             self.streams[slot].streak
         } else {
             0
+        };
+        let probe = if outcome == Outcome::Hit {
+            self.streams[slot].probe
+        } else {
+            (outcome == Outcome::Start && f.probing && pages >= PROBE_MIN_PAGES).then_some(page + 1)
         };
         self.streams[slot] = Stream {
             live: true,
@@ -148,6 +239,7 @@ impl Predictor {
             order,
             last_use: self.clock,
             streak: streak + pages,
+            probe,
         };
         Window {
             first: page,
@@ -155,8 +247,85 @@ impl Predictor {
             order,
             outcome,
             streak,
+            probe: probe.filter(|_| outcome == Outcome::Start),
+            stride: 0,
         }
     }
+
+    /// A fault on a stream's probe: the stream is dense from now on.
+    fn probed(&mut self, page: u64) -> Option<Window> {
+        let s = self.streams.iter_mut().find(|s| s.live && s.probe == Some(page))?;
+        self.stride = 0;
+        s.probe = None;
+        s.last_use = self.clock;
+        Some(Window {
+            first: page,
+            pages: 1,
+            order: 0,
+            outcome: Outcome::Probe,
+            streak: s.streak,
+            probe: None,
+            stride: 0,
+        })
+    }
+
+    /// A hit on stream `i`, which went past its probe: sparse, unless the probe page was
+    /// installed meanwhile (another thread's fault there).
+    fn passed_probe(&mut self, i: usize, page: u64, installed: &dyn Fn(u64) -> bool) -> Option<Window> {
+        let probe = self.streams[i].probe.take()?;
+        if installed(probe) {
+            return None;
+        }
+        Some(self.sparse(i, page, i64::try_from(self.streams[i].next - probe).unwrap_or(i64::MAX)))
+    }
+
+    /// A miss at `page` that opens stream `i`: sparse when it lies at the same stride from the
+    /// thread's `last` fault as that one, a miss too, did from the fault before: 2 pages or
+    /// more up, or any stride down (a stream going down, a stack, say, whose windows, all going
+    /// up, would each miss). Runs of pages at one stride hit within each run, and are served.
+    fn strided(&mut self, i: usize, page: u64, last: Option<u64>) -> Option<Window> {
+        let d = last.map_or(0, |l| i64::try_from(page).unwrap_or(0) - i64::try_from(l).unwrap_or(0));
+        let seen = std::mem::replace(&mut self.stride, d);
+        (d == seen && !(0..2).contains(&d)).then(|| self.sparse(i, page, d))
+    }
+
+    /// Stream `i` is sparse, at `stride`: it goes on one page at a time (the handler gives its
+    /// way ahead back to the kernel).
+    fn sparse(&mut self, i: usize, page: u64, stride: i64) -> Window {
+        self.stride = 0;
+        self.streams[i] = Stream {
+            live: true,
+            next: page + 1,
+            order: 0,
+            last_use: self.clock,
+            streak: 0,
+            probe: None,
+        };
+        Window {
+            first: page,
+            pages: 1,
+            order: 0,
+            outcome: Outcome::Sparse,
+            streak: 0,
+            probe: None,
+            stride,
+        }
+    }
+}
+
+/// One fault, for [`Predictor::on_fault_at`].
+pub(crate) struct Fault<'a> {
+    /// The fault's page, of a range whose pages end before `end`.
+    pub page: u64,
+    pub end: u64,
+    /// The range's first page modulo [`PMD_PAGES`] in the address space, where windows of a
+    /// PMD or more end one page short of a PMD boundary (see [`Predictor::on_fault_aligned`]).
+    pub phase: Option<u64>,
+    /// Whether a new stream's window may leave out a probe (not where the fault takes whole
+    /// huge pages).
+    pub probing: bool,
+    /// Whether a page is installed now.
+    pub installed: &'a dyn Fn(u64) -> bool,
 }
 
 impl Predictor {
@@ -436,5 +605,106 @@ mod tests {
         assert_eq!(w.pages, 1023, "512 stretched to one short of the second boundary");
         let w = q.on_fault_aligned(1023, 1200, Some(0), &t9);
         assert_eq!(w.pages, 177);
+    }
+
+    fn probing(p: &mut Predictor, page: u64) -> Window {
+        p.on_fault_probing(page, 1 << 20, &|_| false, &T)
+    }
+
+    #[test]
+    fn a_dense_writer_faults_once_on_its_probe_and_its_windows_grow() {
+        let mut p = Predictor::new();
+        let w = probing(&mut p, 0);
+        assert_eq!((w.outcome, w.pages, w.probe), (Outcome::Start, 16, Some(1)));
+        let w = probing(&mut p, 1);
+        assert_eq!((w.outcome, w.first, w.pages), (Outcome::Probe, 1, 1));
+        let mut page = 16;
+        for order in [6, 8, 10, 11] {
+            let w = probing(&mut p, page);
+            assert_eq!((w.outcome, w.order, w.probe), (Outcome::Hit, order, None));
+            page += w.pages;
+        }
+    }
+
+    #[test]
+    fn a_writer_past_its_probe_untouched_is_sparse_at_every_stride_under_the_window() {
+        for stride in 2..=16u64 {
+            let mut p = Predictor::new();
+            assert_eq!(probing(&mut p, 0).probe, Some(1));
+            // Strides under the window land in it (no fault) and fault at its end, or just past.
+            let next = 16u64.next_multiple_of(stride);
+            let w = probing(&mut p, next);
+            assert_eq!(
+                (w.outcome, w.pages, w.stride),
+                (Outcome::Sparse, 1, 15),
+                "stride {stride}"
+            );
+        }
+        // The probe installed meanwhile (another thread wrote there): no evidence, a hit.
+        let mut p = Predictor::new();
+        probing(&mut p, 0);
+        let w = p.on_fault_probing(16, 1 << 20, &|pg| pg == 1, &T);
+        assert_eq!((w.outcome, w.order), (Outcome::Hit, 6));
+    }
+
+    #[test]
+    fn misses_in_a_row_at_one_stride_are_sparse_up_or_down() {
+        for (start, stride) in [(0u64, 64i64), (0, 4096), (50_000, -1), (50_000, -3), (50_000, -700)] {
+            let mut p = Predictor::new();
+            let at = |k: i64| start.checked_add_signed(k * stride).unwrap();
+            assert_eq!(probing(&mut p, at(0)).outcome, Outcome::Start);
+            assert_eq!(probing(&mut p, at(1)).outcome, Outcome::Miss, "{stride}");
+            let w = probing(&mut p, at(2));
+            assert_eq!((w.outcome, w.stride), (Outcome::Sparse, stride));
+        }
+        // Two distances that differ, or a stride of one page up (a hit), are not.
+        let mut p = Predictor::new();
+        for (page, outcome) in [
+            (0, Outcome::Start),
+            (100, Outcome::Miss),
+            (300, Outcome::Miss),
+            (301, Outcome::Hit),
+        ] {
+            assert_eq!(probing(&mut p, page).outcome, outcome, "{page}");
+        }
+    }
+
+    #[test]
+    fn runs_of_pages_at_one_stride_are_streams_not_sparse() {
+        // A thread writing 16 pages of every 64 (threads sharing a region round-robin): its
+        // runs start at one stride, but each run hits, and a hit ends the misses in a row.
+        let mut p = Predictor::new();
+        let mut seen = vec![];
+        for run in 0..8u64 {
+            let base = run * 64;
+            let w = probing(&mut p, base);
+            seen.push(w.outcome);
+            let w = probing(&mut p, base + 1);
+            seen.push(w.outcome);
+        }
+        assert!(!seen.contains(&Outcome::Sparse), "{seen:?}");
+        assert_eq!(
+            &seen[..4],
+            [Outcome::Start, Outcome::Probe, Outcome::Miss, Outcome::Hit]
+        );
+    }
+
+    #[test]
+    fn no_probe_without_probing_or_in_a_small_window() {
+        let mut p = Predictor::new();
+        assert_eq!(p.on_fault(0, 1 << 20, &T).probe, None);
+        let mut p = Predictor::new();
+        assert_eq!(
+            p.on_fault_probing(0, 3, &|_| false, &T).probe,
+            None,
+            "3 pages: no probe"
+        );
+        // A miss opens a one-page window: the next page's fault is the proof.
+        let mut p = Predictor::new();
+        probing(&mut p, 0);
+        probing(&mut p, 1);
+        assert_eq!(probing(&mut p, 5000).pages, 1);
+        let w = probing(&mut p, 5001);
+        assert_eq!((w.outcome, w.probe), (Outcome::Hit, None));
     }
 }

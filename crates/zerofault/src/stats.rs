@@ -94,6 +94,11 @@ counters! {
     predict_hits,
     /// Faults the predictor did not expect: the window was reset.
     predict_misses,
+    /// Faults on the page a new stream's first window left out (the stream writes densely).
+    predict_probes,
+    /// Streams found sparse (past their probe untouched, or misses at one stride): their way
+    /// ahead went back to the kernel.
+    sparse_streams,
     /// Faults on a page that was already installed (a second thread on the same page, or a
     /// stale message): answered by a wake, or by a one-page install that found the page.
     already_present,

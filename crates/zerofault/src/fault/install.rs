@@ -27,7 +27,15 @@ impl<K: Kernel> Handler<'_, K> {
         self.fault_page = page_addr;
         let mut runs = std::mem::take(&mut self.runs);
         runs.clear();
-        range.map.claim(w.first, w.end - w.first, &mut runs);
+        match w.probe {
+            // The probe stays missing: the stream's next fault there, or past it, tells
+            // whether the program writes every page.
+            Some(p) => {
+                range.map.claim(w.first, p - w.first, &mut runs);
+                range.map.claim(p + 1, w.end - p - 1, &mut runs);
+            }
+            None => range.map.claim(w.first, w.end - w.first, &mut runs),
+        }
         let mut woken = false;
         let mut cut: Option<usize> = None;
         // Last run first, for the reason install_write gives.

@@ -4,7 +4,7 @@ use super::handler::EVENT_RETRIES;
 use super::{Handler, Kernel};
 use crate::options::AheadMode;
 use crate::page::{page_start, pages, pmd_start, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
-use crate::predict::Outcome;
+use crate::predict::{Fault, Outcome};
 use crate::region::Range;
 use crate::stats::Stats;
 use crate::sys::raw::Errno;
@@ -24,6 +24,8 @@ pub(crate) struct Located {
     pub(crate) ahead: Option<(u64, u64)>,
     /// The predictor's clock after this window was predicted (see `Predictor::clock`).
     pub(crate) clock: u64,
+    /// A page of `[first, end)` left out: a new stream's probe (see predict.rs).
+    pub(crate) probe: Option<u64>,
 }
 
 impl<K: Kernel> Handler<'_, K> {
@@ -135,7 +137,15 @@ impl<K: Kernel> Handler<'_, K> {
         let shared = self.shared;
         let mut entry = shared.predictors.lock(range.id, tid);
         let predictor = entry.get();
-        let w = predictor.on_fault_aligned(page, range.pages, phase, &tuning);
+        let installed = |p: u64| range.map.is_claimed(p);
+        let fault = Fault {
+            page,
+            end: range.pages,
+            phase,
+            probing: opts.probe && !huge_fault,
+            installed: &installed,
+        };
+        let w = predictor.on_fault_at(fault, &tuning);
         let (mut first, mut end) = (w.first, w.first + w.pages);
         if huge_fault {
             // The whole PMDs the window touches, from the one of the fault.
@@ -198,9 +208,17 @@ impl<K: Kernel> Handler<'_, K> {
                 Outcome::Start => &stats.predict_starts,
                 Outcome::Hit => &stats.predict_hits,
                 Outcome::Miss => &stats.predict_misses,
+                Outcome::Probe => &stats.predict_probes,
+                Outcome::Sparse => &stats.sparse_streams,
             },
             1,
         );
+        let handing_back = self.opts.handback_misses > 0;
+        if w.outcome == Outcome::Sparse && handing_back && self.hand_back_sparse(range, page, w.stride) {
+            // The stream's way ahead, the faulting page with it, went back to the kernel.
+            self.wake(page_addr);
+            return None;
+        }
         let handback = range.misses.lock().unwrap_or_else(|e| e.into_inner()).record(
             w.outcome,
             page,
@@ -245,6 +263,7 @@ impl<K: Kernel> Handler<'_, K> {
             outcome: w.outcome,
             ahead,
             clock,
+            probe: w.probe.filter(|p| (first..end).contains(p)),
         })
     }
 }

@@ -150,6 +150,8 @@ fn opts(pool: bool) -> Options {
     Options {
         pool,
         pool_max: 16 << 20,
+        // Whole first windows: these tests are about installs (probes have their own).
+        probe: false,
         ..Options::default()
     }
 }
@@ -213,6 +215,91 @@ fn an_empty_pool_is_copied_from_and_the_copy_says_why() {
     Handler::new(&s, &k).fault(page(0), true, 1);
     assert_eq!(k.calls(), [(Verb::Copy, page(0), bytes(16))]);
     assert_eq!(s.stats.snapshot().copy_no_move, 16);
+}
+
+/// [`state`] with probes (the default outside these tests).
+fn probing_state(pages: u64, small: u64) -> Shared {
+    state_with(
+        Options {
+            probe: true,
+            ..opts(true)
+        },
+        pages,
+        small,
+        0,
+    )
+}
+
+#[test]
+fn a_new_streams_window_leaves_its_probe_out_and_a_dense_writer_fills_it() {
+    let s = probing_state(1 << 16, 256);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), true, 7);
+    // The last run first (see install_window), the fault's page last: it wakes the thread.
+    assert_eq!(
+        k.calls(),
+        [(Verb::Move, page(2), bytes(14)), (Verb::Move, page(0), bytes(1))]
+    );
+    let range = s.ranges.find(BASE).unwrap();
+    assert!(!range.map.is_claimed(1) && range.map.count() == 15);
+    h.fault(page(1), true, 7);
+    assert_eq!(k.calls()[2], (Verb::Move, page(1), bytes(1)));
+    h.fault(page(16), true, 7);
+    assert_eq!(
+        k.calls()[3],
+        (Verb::Move, page(16), bytes(64)),
+        "a stream: the window grew"
+    );
+    let st = s.stats.snapshot();
+    assert_eq!((st.predict_probes, st.sparse_streams, st.handbacks), (1, 0, 0));
+}
+
+#[test]
+fn a_writer_past_its_probe_gives_its_way_ahead_back_and_faults_natively() {
+    let s = probing_state(1 << 18, 256);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), true, 7);
+    // One page in eight: page 1, the probe, never written.
+    h.fault(page(16), true, 7);
+    // 4096 strides (of 15 pages: from the probe to the window's end) from the fault on, in
+    // whole PMDs, went back; the thread was woken.
+    assert_eq!(k.unregistered.borrow().as_slice(), [(page(0), bytes(61_952))]);
+    assert_eq!(k.calls().len(), 2, "nothing installed for the fault");
+    assert!(k.wakes.borrow().contains(&page(16)));
+    let st = s.stats.snapshot();
+    assert_eq!((st.sparse_streams, st.handbacks, st.pages_handed_back), (1, 1, 61_952));
+    assert!(s.ranges.find(page(100)).is_none() && s.ranges.find(page(61_952)).is_some());
+
+    // Down a region, one page at a time: 64 MiB below goes back (in whole PMDs).
+    let s = probing_state(1 << 16, 256);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    for p in [40_000, 39_999, 39_998] {
+        h.fault(page(p), true, 7);
+    }
+    let (lo, hi) = (40_000 - 16_384, 40_000);
+    let (a, b) = (lo / 512 * 512, (hi / 512 + 1) * 512);
+    assert_eq!(k.unregistered.borrow().as_slice(), [(page(a), bytes(b - a))]);
+
+    // With hand-backs off, a sparse stream is served a page at a time.
+    let s = state_with(
+        Options {
+            probe: true,
+            handback_misses: 0,
+            ..opts(true)
+        },
+        1 << 16,
+        256,
+        0,
+    );
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), true, 7);
+    h.fault(page(16), true, 7);
+    assert!(k.unregistered.borrow().is_empty());
+    assert_eq!(k.calls()[2], (Verb::Move, page(16), bytes(1)));
 }
 
 #[test]
@@ -646,7 +733,8 @@ fn with_two_nodes_a_fault_takes_its_nodes_pool_and_the_next_only_when_its_node_i
     // Node 0 full (its last populate got another node's pages): node 1's pool, a miss for
     // node 1 and a foreign page for node 0, node 0 marked.
     p0.small.mark_node_full();
-    h.fault(page(20_000), true, NO_SUCH_THREAD);
+    // (Not at 20,000: a third miss at one stride is a sparse stream, handed back.)
+    h.fault(page(21_000), true, NO_SUCH_THREAD);
     let st2 = s.stats.snapshot();
     let w = 256 - p1.small.available();
     assert!(w > 0);
