@@ -92,6 +92,41 @@ fn sparse_first_touch_stays_as_resident_as_natively() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A program that maps, touches sparsely and unmaps in a loop (shared/repro/round2/p_stride.c:
+/// 19x native at 3ea8211, 2.6x with sparse streams alone) has its new mappings left to the
+/// kernel once eight in a row were sparse, but for one now and then; when its mappings turn
+/// dense, the next one taken ends the backoff and the engine serves them again.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn sparse_mappings_in_a_row_are_left_to_the_kernel_until_a_dense_one() {
+    let dir = temp_dir("memory-maps");
+    let prog = cc("maps", &dir, false);
+    // 200 mappings of 4 MiB touched every 64 KiB, then 100 written on every page.
+    let args = ["4", "64", "200", "4", "4", "100"];
+    let o = run(
+        zerofault().args(["run", "--stats", "--"]).arg(&prog).args(args),
+        Duration::from_secs(120),
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(measured(&o, "bad"), 0);
+    let (left, sparse, served) = (
+        counter(&o, "mappings_left"),
+        counter(&o, "sparse_streams"),
+        counter(&o, "pages_served"),
+    );
+    assert!((8..40).contains(&sparse), "sparse streams {sparse}: {}", stderr(&o));
+    // The sparse phase's: all but the first 8 and one in 8, 16, 32, then 64.
+    assert!(left >= 150, "{left} mappings left to the kernel: {}", stderr(&o));
+    // The dense phase: served once a mapping taken found a dense stream (within 64).
+    assert!(
+        left < 300 - 30,
+        "{left} left: the dense phase was not served: {}",
+        stderr(&o)
+    );
+    assert!(served >= 30 * 1024, "{served} pages served: {}", stderr(&o));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A memory cgroup of its own for one test: a child of this process's memory cgroup (v1's
 /// memory hierarchy where it is mounted, else v2's), removed when dropped.
 struct Cgroup {

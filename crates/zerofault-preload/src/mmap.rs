@@ -33,7 +33,13 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
     let e = if big { state::engine() } else { state::running() };
     let Some(e) = e else { return };
     let len = len.next_multiple_of(PAGE_SIZE);
-    if !(big || e.serves(p.wrapping_sub(PAGE_SIZE)) || e.serves(p + len) || e.serves(p)) {
+    let beside = e.serves(p.wrapping_sub(PAGE_SIZE)) || e.serves(p + len) || e.serves(p);
+    if !(big || beside) {
+        return;
+    }
+    // The program's last mappings were all sparse: this one is left to the kernel (unless it
+    // would split a VMA that natively merges with served memory).
+    if !fixed && !beside && e.leaves_mapping() {
         return;
     }
     // SAFETY: a fresh anonymous private mapping of the program's; the engine fills its missing

@@ -22,8 +22,12 @@ use crate::sys::uffd::{FdIdentity, Features, UffdError};
 use crate::zero::ZeroSource;
 use crate::{fault, scrub, sys};
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+/// Ranges in a row found sparse and given back whole after which the program's new mappings
+/// are left to the kernel, all but one in as many (see [`Engine::leaves_mapping`]).
+pub(crate) const SPARSE_BACKOFF: u32 = 8;
 
 /// Why the engine could not start or could not serve a request.
 #[derive(Debug)]
@@ -99,6 +103,10 @@ pub(crate) struct Shared {
     pub(crate) streaming: AtomicBool,
     /// `prctl(PR_SET_THP_DISABLE)`: no huge page goes into the program's memory.
     pub(crate) thp_disabled: AtomicBool,
+    /// Ranges in a row given back whole as sparse streams, and the program's mappings left to
+    /// the kernel since (see [`Engine::leaves_mapping`]); a dense stream resets the first.
+    pub(crate) sparse_run: AtomicU32,
+    pub(crate) left_alone: AtomicU32,
     /// The pool is emptied and not refilled, and faults are served by copies (see
     /// [`Engine::pause_pool`]).
     pub(crate) pool_paused: AtomicBool,
@@ -445,6 +453,8 @@ impl Engine {
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             thp_disabled: AtomicBool::new(sys::thread::thp_disabled()),
+            sparse_run: AtomicU32::new(0),
+            left_alone: AtomicU32::new(0),
             doorbell,
             handling: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
             events: AtomicU64::new(0),
@@ -729,6 +739,31 @@ impl Engine {
     /// memory from now on (4 KiB pages only), as the kernel makes none; `false` undoes it.
     pub fn set_thp_disabled(&self, on: bool) {
         self.shared.thp_disabled.store(on, Release);
+    }
+
+    /// Whether a new mapping of the program's is better left to the kernel: the last
+    /// [`SPARSE_BACKOFF`] ranges were each found sparse as soon as touched and given back whole
+    /// (a program that maps, touches one page in 16 and unmaps, in a loop, paid a
+    /// registration, two round trips and a hand-back a mapping: 2.6x native). Now and then
+    /// one is taken all the same, to look again: after [`SPARSE_BACKOFF`] left alone, then
+    /// twice as many each time that one is sparse too, up to 64; a dense stream anywhere
+    /// ends the backoff. A mapping next to served memory is always taken (see the shim's mmap
+    /// hook).
+    ///
+    /// # Context
+    /// The program's thread, in the shim's mmap hook.
+    pub fn leaves_mapping(&self) -> bool {
+        let sparse = self.shared.sparse_run.load(Relaxed);
+        if sparse < SPARSE_BACKOFF {
+            return false;
+        }
+        let every = SPARSE_BACKOFF << (sparse - SPARSE_BACKOFF).min(3);
+        if self.shared.left_alone.fetch_add(1, Relaxed) + 1 >= every {
+            self.shared.left_alone.store(0, Relaxed);
+            return false;
+        }
+        Stats::add(&self.shared.stats.mappings_left, 1);
+        true
     }
 
     /// Whether any page of `[addr, addr + len)` lies in memory the engine serves.
@@ -1179,6 +1214,8 @@ impl Shared {
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             thp_disabled: AtomicBool::new(false),
+            sparse_run: AtomicU32::new(0),
+            left_alone: AtomicU32::new(0),
             doorbell: 0,
             handling: Box::new([AtomicU64::new(0)]),
             events: AtomicU64::new(0),

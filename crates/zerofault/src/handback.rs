@@ -420,8 +420,13 @@ impl<K: Kernel> Handler<'_, K> {
             (page.saturating_sub(reach), page)
         };
         let (first, end) = handback_span(lo, hi, range.pages, pages(range.start));
-        self.give_back(range, first, end)
-            .is_some_and(|(a, b)| (a..b).contains(&page))
+        let Some((a, b)) = self.give_back(range, first, end) else {
+            return false;
+        };
+        if (a, b) == (0, range.pages) {
+            self.shared.sparse_run.fetch_add(1, Relaxed);
+        }
+        (a..b).contains(&page)
     }
 
     /// Unregisters pages `[first, end)` of `range` (see [`Self::hand_back`]).

@@ -99,6 +99,9 @@ counters! {
     /// Streams found sparse (past their probe untouched, or misses at one stride): their way
     /// ahead went back to the kernel.
     sparse_streams,
+    /// The program's new mappings left to the kernel, the ranges before them having all been
+    /// sparse (`Engine::leaves_mapping`).
+    mappings_left,
     /// Faults on a page that was already installed (a second thread on the same page, or a
     /// stale message): answered by a wake, or by a one-page install that found the page.
     already_present,

@@ -8,7 +8,7 @@ use crate::predict::{Fault, Outcome};
 use crate::region::Range;
 use crate::stats::Stats;
 use crate::sys::raw::Errno;
-use std::sync::atomic::Ordering::Acquire;
+use std::sync::atomic::Ordering::{Acquire, Relaxed};
 use std::sync::Arc;
 
 /// A located fault: the window to install, in pages of its range.
@@ -213,6 +213,10 @@ impl<K: Kernel> Handler<'_, K> {
             },
             1,
         );
+        if matches!(w.outcome, Outcome::Hit | Outcome::Probe) && shared.sparse_run.load(Relaxed) != 0 {
+            // A dense stream: the program's mappings are worth taking again.
+            shared.sparse_run.store(0, Relaxed);
+        }
         let handing_back = self.opts.handback_misses > 0;
         if w.outcome == Outcome::Sparse && handing_back && self.hand_back_sparse(range, page, w.stride) {
             // The stream's way ahead, the faulting page with it, went back to the kernel.
