@@ -103,6 +103,12 @@ pub(crate) struct Shared {
     pub(crate) streaming: AtomicBool,
     /// `prctl(PR_SET_THP_DISABLE)`: no huge page goes into the program's memory.
     pub(crate) thp_disabled: AtomicBool,
+    /// Set once a write window took a huge page (or made one): from then on the scrub fills
+    /// the huge ring too. Until then the small ring only, so that a program whose memory takes
+    /// no huge page (`MADV_NOHUGEPAGE`, the THP prctl, windows that never cover a whole PMD)
+    /// holds none in its pool either (`shared/repro/round2/t_thp.c nohuge`: 18 MiB of the
+    /// pool's huge pages in its AnonHugePages, none natively). A prefill fills both.
+    pub(crate) huge_wanted: AtomicBool,
     /// Ranges in a row given back whole as sparse streams, and the program's mappings left to
     /// the kernel since (see [`Engine::leaves_mapping`]); a dense stream resets the first.
     pub(crate) sparse_run: AtomicU32,
@@ -453,6 +459,7 @@ impl Engine {
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             thp_disabled: AtomicBool::new(sys::thread::thp_disabled()),
+            huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),
             left_alone: AtomicU32::new(0),
             doorbell,
@@ -1214,6 +1221,7 @@ impl Shared {
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             thp_disabled: AtomicBool::new(false),
+            huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),
             left_alone: AtomicU32::new(0),
             doorbell: 0,

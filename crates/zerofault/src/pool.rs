@@ -714,12 +714,13 @@ impl Pool {
 
     /// Producer step: one chunk into the ring that is emptier for its share (the small one on a
     /// tie), or into the other when that one is full. Returns the pages added; 0 when both are
-    /// full (or `max_pages` is under a huge chunk and the small ring is full).
-    pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
+    /// full (or `max_pages` is under a huge chunk and the small ring is full). Without
+    /// `huge_too`, the small ring only (see `Shared::huge_wanted`).
+    pub(crate) fn fill_step(&self, max_pages: u64, huge_too: bool, stats: &Stats) -> io::Result<u64> {
         if self.room() == 0 {
             return Ok(0);
         }
-        let Some(huge) = &self.huge else {
+        let Some(huge) = self.huge.as_ref().filter(|_| huge_too) else {
             return self.small.fill_step(max_pages, stats);
         };
         let (first, second) = if self.fullness(&self.small) <= self.fullness(huge) {
@@ -753,7 +754,7 @@ impl Pool {
             target.min(self.capacity()),
             stop,
             || self.available(),
-            |n| self.fill_step(n, stats),
+            |n| self.fill_step(n, true, stats),
         )
     }
 

@@ -554,7 +554,8 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64) {
             Stats::add(&shared.stats.scrub_load_skips, 1);
             break;
         }
-        match pool.fill_step(stop - pool.available(), &shared.stats) {
+        let huge_too = shared.huge_wanted.load(Relaxed);
+        match pool.fill_step(stop - pool.available(), huge_too, &shared.stats) {
             Ok(0) => break,
             Ok(_) => {}
             // Out of memory, the node full (`Pool::low`), or a refused populate: the handlers

@@ -357,6 +357,10 @@ static void no_huge_pages(int by_prctl) {
     memset(p, 1, n);
     __asm__ volatile("" : : "r"(p) : "memory");
     printf("advice %d; huge pages %ld kB\n", r, anon_huge_kb(p, p + n));
+    /* Nor any in the engine's pool: they would show in the process's AnonHugePages (after a
+     * moment for the scrub to refill it). */
+    usleep(300 * 1000);
+    printf("in the process %ld kB\n", process_huge_kb());
 }
 
 int main(int argc, char **argv) {

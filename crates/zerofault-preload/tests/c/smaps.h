@@ -23,4 +23,15 @@ static long anon_huge_kb(const void *lo, const void *hi) {
     return sum;
 }
 
+/* AnonHugePages of the whole process (smaps_rollup), in kB: the program's and the engine's. */
+static long process_huge_kb(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[512];
+    long v = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "AnonHugePages:", 14)) v = atol(line + 14);
+    if (f) fclose(f);
+    return v;
+}
+
 #endif
