@@ -25,7 +25,7 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
-/// Ranges in a row found sparse and given back whole after which the program's new mappings
+/// Ranges in a row found sparse and given back to their end after which the program's new mappings
 /// are left to the kernel, all but one in as many (see [`Engine::leaves_mapping`]).
 pub(crate) const SPARSE_BACKOFF: u32 = 8;
 
@@ -109,7 +109,7 @@ pub(crate) struct Shared {
     /// holds none in its pool either (`shared/repro/round2/t_thp.c nohuge`: 18 MiB of the
     /// pool's huge pages in its AnonHugePages, none natively). A prefill fills both.
     pub(crate) huge_wanted: AtomicBool,
-    /// Ranges in a row given back whole as sparse streams, and the program's mappings left to
+    /// Ranges in a row given back to their end as sparse streams, and the program's mappings left to
     /// the kernel since (see [`Engine::leaves_mapping`]); a dense stream resets the first.
     pub(crate) sparse_run: AtomicU32,
     pub(crate) left_alone: AtomicU32,
@@ -749,7 +749,7 @@ impl Engine {
     }
 
     /// Whether a new mapping of the program's is better left to the kernel: the last
-    /// [`SPARSE_BACKOFF`] ranges were each found sparse as soon as touched and given back whole
+    /// [`SPARSE_BACKOFF`] ranges were each found sparse and given back to their end
     /// (a program that maps, touches one page in 16 and unmaps, in a loop, paid a
     /// registration, two round trips and a hand-back a mapping: 2.6x native). Now and then
     /// one is taken all the same, to look again: after [`SPARSE_BACKOFF`] left alone, then

@@ -42,14 +42,15 @@ use std::time::{Duration, Instant};
 /// Pages per miss above which a second hand-back from one range returns all of it.
 const SPARSE_PAGES_PER_MISS: u64 = 64 * PMD_PAGES;
 
-/// How far past a sparse stream's fault its way goes back to the kernel, at least: 64 MiB,
-/// or [`SPARSE_STRIDES`] strides. Finding a stream sparse again past it costs two or three
-/// round trips and a hand-back, ~0.2 ms here: 1% of the native faults of 64 MiB touched one
-/// page in 64 (16 ms).
-const SPARSE_REACH: u64 = 32 * PMD_PAGES;
+/// How far past a sparse stream's fault its way goes back to the kernel, at least: 256 MiB,
+/// or [`SPARSE_STRIDES`] strides. Finding a stream sparse again past it costs three to six
+/// round trips and a hand-back, ~0.2 ms here. At 64 MiB a stride of 64 KiB over 2 GiB (32
+/// hand-backs) lost 15% to native (touch loop 48.0 against 41.8 ms), at 256 MiB 4% (48.9
+/// against 46.9).
+pub(crate) const SPARSE_REACH: u64 = 128 * PMD_PAGES;
 /// Strides of a sparse stream given back at once, at least: a stream touching one page in 64
-/// or fewer takes 2.7 ms natively for 4096 touches here; given back 64 MiB at a time it lost
-/// 14% (1024 strides: 1.5 ms in 10.5 for 2 GiB), 6% at 4096.
+/// or fewer takes 2.7 ms natively for 4096 touches here; given back 1024 strides at a time it
+/// lost 14% (1.5 ms in 10.5 for 2 GiB), 6% at 4096.
 const SPARSE_STRIDES: u64 = 4096;
 
 /// Misses this far apart, each from the one before, are scattered ones (see [`MissRun`]). A
@@ -141,6 +142,12 @@ pub(crate) fn handback_span(lo: u64, hi: u64, pages: u64, phase: u64) -> (u64, u
     if (hi - lo + 1) * 2 >= pages {
         return (0, pages);
     }
+    pmd_span(lo, hi, pages, phase)
+}
+
+/// Pages `[lo, hi]` widened to whole PMDs of the address space (the range's first page is
+/// `phase` pages into one), within the range's `pages`.
+fn pmd_span(lo: u64, hi: u64, pages: u64, phase: u64) -> (u64, u64) {
     let phase = phase % PMD_PAGES;
     (
         ((lo + phase) / PMD_PAGES * PMD_PAGES).saturating_sub(phase),
@@ -402,7 +409,7 @@ impl<K: Kernel> Handler<'_, K> {
             n if n > 0 && sparse => (0, range.pages),
             _ => handback_span(lo, hi, range.pages, pages(range.start)),
         };
-        self.give_back(range, first, end)
+        self.give_back(range, first, end, true)
     }
 
     /// A sparse stream at `page` of `range`, going `stride` pages a fault (see predict.rs):
@@ -411,7 +418,7 @@ impl<K: Kernel> Handler<'_, K> {
     ///
     /// Not the whole range: a shim arena holds many blocks, and the stream's own ends nobody
     /// knows where. A stream that goes on past the span starts afresh in the range left over,
-    /// and is found sparse again within two or three faults.
+    /// and is found sparse again within three to six faults.
     pub(crate) fn hand_back_sparse(&mut self, range: &Arc<Range>, page: u64, stride: i64) -> bool {
         let reach = SPARSE_REACH.max(stride.unsigned_abs().saturating_mul(SPARSE_STRIDES));
         let (lo, hi) = if stride >= 0 {
@@ -419,18 +426,24 @@ impl<K: Kernel> Handler<'_, K> {
         } else {
             (page.saturating_sub(reach), page)
         };
-        let (first, end) = handback_span(lo, hi, range.pages, pages(range.start));
-        let Some((a, b)) = self.give_back(range, first, end) else {
+        // Not widened to the whole range past half of it, as misses are: other threads' streams
+        // may be writing the rest.
+        let (first, end) = pmd_span(lo, hi, range.pages, pages(range.start));
+        let Some((a, b)) = self.give_back(range, first, end, false) else {
             return false;
         };
-        if (a, b) == (0, range.pages) {
+        // Sparse to the range's end its way (a stack gone down to its bottom, a mapping
+        // strided to its end): one more mapping not worth registering (`Engine::leaves_mapping`).
+        if (stride >= 0 && b == range.pages) || (stride < 0 && a == 0) {
             self.shared.sparse_run.fetch_add(1, Relaxed);
         }
         (a..b).contains(&page)
     }
 
-    /// Unregisters pages `[first, end)` of `range` (see [`Self::hand_back`]).
-    fn give_back(&mut self, range: &Arc<Range>, first: u64, end: u64) -> Option<(u64, u64)> {
+    /// Unregisters pages `[first, end)` of `range` (see [`Self::hand_back`]); `count`: as one
+    /// of the range's hand-backs of misses (`Range::handbacks`: a second one of sparse misses
+    /// gives back the rest), which a sparse stream's is not.
+    fn give_back(&mut self, range: &Arc<Range>, first: u64, end: u64, count: bool) -> Option<(u64, u64)> {
         let (addr, len) = (range.addr_of(first), bytes(end - first));
         let shared = self.shared;
         let _reg = shared.reg_lock();
@@ -444,7 +457,9 @@ impl<K: Kernel> Handler<'_, K> {
             self.note_errno(e);
             return None;
         }
-        range.handbacks.fetch_add(1, Relaxed);
+        if count {
+            range.handbacks.fetch_add(1, Relaxed);
+        }
         shared.ranges.drop_span(addr, addr + len);
         Stats::add(&self.stats().handbacks, 1);
         Stats::add(&self.stats().pages_handed_back, end - first);
@@ -1073,8 +1088,10 @@ mod tests {
             if installed.contains(&page) {
                 return;
             }
-            let w = p.on_fault(page, pages, &T);
-            installed.extend(w.first..w.first + w.pages);
+            // Probing, as the handler does (the probe left out is the next page written).
+            let w = p.on_fault_probing(page, pages, &|q| installed.contains(&q), &T);
+            assert_ne!(w.outcome, Outcome::Sparse, "taken for a sparse stream at page {page}");
+            installed.extend((w.first..w.first + w.pages).filter(|&q| Some(q) != w.probe));
             assert_eq!(r.record(w.outcome, page, 8, 9), None, "handed back at page {page}");
         };
         touch(pages - 1, &mut p, &mut r);

@@ -497,10 +497,12 @@ options! {
     /// then the whole region of `Engine::map` when they spread over a quarter of it. 0 never
     /// hands back (sparse streams neither: see `probe`).
     handback_misses: Count = "8",
-    /// A new stream's first window leaves out the page after the fault's: a writer of every
-    /// page faults there once more and is taken for a stream; one that goes past it untouched
-    /// writes every other page or fewer, and its way ahead goes back to the kernel (its memory
-    /// stays as resident as natively). `off`: first windows whole (a strided first touch then
+    /// Sparse streams go to the kernel: a new stream's first window leaves out the page after
+    /// the fault's; a writer of every page faults there once more and is taken for a stream,
+    /// one that goes past it untouched (twice) writes every other page or fewer. Such a stream,
+    /// or one missing 5 times in a row at one stride (or going down), has its way ahead (64
+    /// MiB at least) handed back to the kernel, so that its memory stays as resident as
+    /// natively. `off`: first windows whole, no sparse streams (a strided first touch then
     /// fills pages it never writes).
     probe: Bool = "on",
     /// Fault handler threads reading the one userfaultfd; each serves whichever fault it

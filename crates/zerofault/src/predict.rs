@@ -34,13 +34,16 @@
 //! Faults alone cannot tell a writer of every page from one of every other page: both fault
 //! at the end of each window. So a stream's first window leaves out a **probe**, the page
 //! after the fault's: a dense writer touches it (one more round trip, once per stream), and
-//! is proven dense; a writer that reaches the window's end with the probe still missing has
-//! a stride of two pages or more, and the fault is [`Outcome::Sparse`]. A stream opened by a
-//! miss needs no probe: its window is the fault's page alone, and a fault on the next page is
-//! the proof. Misses in a row that keep one stride (two equal distances) are sparse too: a
-//! stride past the window, or a stream going down (windows go up: each of its faults misses).
-//! The handler gives a sparse stream's way ahead back to the kernel (`handback.rs`), which
-//! faults only what the program touches, at native speed.
+//! is proven dense. A writer that reaches the window's end with the probe still missing may
+//! skip pages, or may have started its dense part a few pages on (a header, then a buffer):
+//! it gets the same window again with a probe of its own, and passing that one too makes the
+//! fault [`Outcome::Sparse`]. A stream opened by a miss needs no probe: its window is the
+//! fault's page alone, and a fault on the next page is the proof. Misses in a row at one
+//! stride are sparse too, from the [`SPARSE_MISSES`]th (a stride past the window), and so is a
+//! stream going down, a stack, from its [`SPARSE_MISSES`]th new low (windows go up: each of
+//! its faults misses, and a round trip a page is ten native faults). The handler gives a sparse stream's
+//! way ahead back to the kernel (`handback.rs`), which faults only what the program touches,
+//! at native speed.
 //!
 
 use crate::page::PMD_PAGES;
@@ -103,6 +106,15 @@ struct Stream {
     streak: u64,
     /// The page its first window left out, until a fault there proves the stream dense.
     probe: Option<u64>,
+    /// It went past one probe untouched (and got another).
+    passed: bool,
+}
+
+/// Whether a hit went past its stream's probe untouched.
+enum Passed {
+    No,
+    Once,
+    Twice,
 }
 
 /// The streams of one thread in one region.
@@ -110,10 +122,25 @@ struct Stream {
 pub(crate) struct Predictor {
     streams: [Stream; STREAMS],
     clock: u64,
-    /// The thread's last fault here, and the distance of the last miss from the fault before.
+    /// The thread's last fault here, the distance of the last miss from the fault before, and
+    /// how many misses in a row kept that distance.
     last: Option<u64>,
     stride: i64,
+    run: u32,
+    /// The lowest fault of the thread's descent here, and how many faults in a row went
+    /// below the one before it (each at most [`DESCENT_PAGES`] lower), faults above it aside.
+    low: Option<u64>,
+    descents: u32,
 }
+
+/// How far below the last new low a fault may land and still go on a descent: a stack frame
+/// of 256 KiB.
+const DESCENT_PAGES: u64 = 64;
+
+/// Misses in a row at one stride that make a sparse stream: more than a thread's streams, so
+/// that [`STREAMS`] equal columns written round-robin are not taken for one.
+const SPARSE_MISSES: u32 = 5;
+const _: () = assert!(SPARSE_MISSES as usize == STREAMS + 1);
 
 /// A window this small has no probe: a fault on its next page costs as much as the window.
 const PROBE_MIN_PAGES: u64 = 4;
@@ -180,6 +207,7 @@ impl Predictor {
         debug_assert!(page < f.end);
         self.clock += 1;
         let last = self.last.replace(page);
+        self.descend(page);
         if let Some(w) = self.probed(page) {
             return w;
         }
@@ -187,18 +215,24 @@ impl Predictor {
             .streams
             .iter()
             .position(|s| s.live && page >= s.next && page - s.next < 1u64 << s.order);
+        let mut reprobe = false;
         if let Some(i) = hit {
-            if let Some(w) = self.passed_probe(i, page, f.installed) {
-                return w;
+            match self.passed_probe(i, f.installed) {
+                Passed::No => {}
+                Passed::Once => reprobe = true,
+                // Known only to skip pages: the least of strides, the least of reaches.
+                Passed::Twice => return self.sparse(i, page, 2),
             }
         }
         if hit.is_some() || !self.streams.iter().any(|s| s.live) {
             // Only misses in a row keep a stride: a stream of short runs is no sparse one.
-            self.stride = 0;
+            (self.stride, self.run) = (0, 0);
         }
         let (slot, order, outcome) = match hit {
             Some(i) => {
-                let grown = (self.streams[i].order + t.order_step).max(t.start_order);
+                // Past one probe untouched: the same window again, with a probe of its own.
+                let step = if reprobe { 0 } else { t.order_step };
+                let grown = (self.streams[i].order + step).max(t.start_order);
                 (i, grown.min(t.max_order), Outcome::Hit)
             }
             None => {
@@ -210,8 +244,11 @@ impl Predictor {
                 if first {
                     (i, t.start_order.min(t.max_order), Outcome::Start)
                 } else {
-                    if let Some(w) = self.strided(i, page, last) {
+                    if let Some(w) = self.strided(i, page, last).filter(|_| f.probing) {
                         return w;
+                    }
+                    if f.probing && self.descents >= SPARSE_MISSES {
+                        return self.sparse(i, page, -1);
                     }
                     (i, 0, Outcome::Miss)
                 }
@@ -223,16 +260,12 @@ impl Predictor {
             pages = to - page;
         }
         let pages = pages.min(f.end - page);
-        let streak = if outcome == Outcome::Hit {
-            self.streams[slot].streak
-        } else {
-            0
+        let (streak, passed) = match outcome {
+            Outcome::Hit => (self.streams[slot].streak, self.streams[slot].passed),
+            _ => (0, false),
         };
-        let probe = if outcome == Outcome::Hit {
-            self.streams[slot].probe
-        } else {
-            (outcome == Outcome::Start && f.probing && pages >= PROBE_MIN_PAGES).then_some(page + 1)
-        };
+        let probing = outcome == Outcome::Start || reprobe;
+        let probe = (probing && f.probing && pages >= PROBE_MIN_PAGES).then_some(page + 1);
         self.streams[slot] = Stream {
             live: true,
             next: page + pages,
@@ -240,6 +273,7 @@ impl Predictor {
             last_use: self.clock,
             streak: streak + pages,
             probe,
+            passed,
         };
         Window {
             first: page,
@@ -247,7 +281,7 @@ impl Predictor {
             order,
             outcome,
             streak,
-            probe: probe.filter(|_| outcome == Outcome::Start),
+            probe,
             stride: 0,
         }
     }
@@ -255,7 +289,7 @@ impl Predictor {
     /// A fault on a stream's probe: the stream is dense from now on.
     fn probed(&mut self, page: u64) -> Option<Window> {
         let s = self.streams.iter_mut().find(|s| s.live && s.probe == Some(page))?;
-        self.stride = 0;
+        (self.stride, self.run) = (0, 0);
         s.probe = None;
         s.last_use = self.clock;
         Some(Window {
@@ -269,30 +303,56 @@ impl Predictor {
         })
     }
 
-    /// A hit on stream `i`, which went past its probe: sparse, unless the probe page was
-    /// installed meanwhile (another thread's fault there).
-    fn passed_probe(&mut self, i: usize, page: u64, installed: &dyn Fn(u64) -> bool) -> Option<Window> {
-        let probe = self.streams[i].probe.take()?;
-        if installed(probe) {
-            return None;
+    /// A hit on stream `i`: whether it went past its probe untouched, the first time or the
+    /// second. A probe installed meanwhile (another thread's fault there) or not yet passed
+    /// (a window cut short before it) is no evidence.
+    fn passed_probe(&mut self, i: usize, installed: &dyn Fn(u64) -> bool) -> Passed {
+        let s = &mut self.streams[i];
+        let Some(probe) = s.probe.take() else {
+            return Passed::No;
+        };
+        if installed(probe) || s.next <= probe {
+            return Passed::No;
         }
-        Some(self.sparse(i, page, i64::try_from(self.streams[i].next - probe).unwrap_or(i64::MAX)))
+        if std::mem::replace(&mut s.passed, true) {
+            Passed::Twice
+        } else {
+            Passed::Once
+        }
     }
 
-    /// A miss at `page` that opens stream `i`: sparse when it lies at the same stride from the
-    /// thread's `last` fault as that one, a miss too, did from the fault before: 2 pages or
-    /// more up, or any stride down (a stream going down, a stack, say, whose windows, all going
-    /// up, would each miss). Runs of pages at one stride hit within each run, and are served.
+    /// A miss at `page` that opens stream `i`: sparse when it is the [`SPARSE_MISSES`]th miss
+    /// in a row at one distance from the fault before: 2 pages or more up, or any distance
+    /// down (a stream going down, a stack, say, whose windows, all going up, would each miss).
+    /// Runs of pages at one stride hit within each run, and are served; so are up to
+    /// [`STREAMS`] equal columns written round-robin (each miss once, then hit).
     fn strided(&mut self, i: usize, page: u64, last: Option<u64>) -> Option<Window> {
         let d = last.map_or(0, |l| i64::try_from(page).unwrap_or(0) - i64::try_from(l).unwrap_or(0));
-        let seen = std::mem::replace(&mut self.stride, d);
-        (d == seen && !(0..2).contains(&d)).then(|| self.sparse(i, page, d))
+        if d == self.stride && !(0..2).contains(&d) {
+            self.run += 1;
+        } else {
+            (self.stride, self.run) = (d, 1);
+        }
+        (self.run >= SPARSE_MISSES).then(|| self.sparse(i, page, d))
+    }
+
+    /// Follows the thread's descent: a fault below the lowest so far, and at most
+    /// [`DESCENT_PAGES`] below it, goes on with it; one farther below starts another; one
+    /// above leaves it as it is. A stack's frames write their top pages after their bottom
+    /// ones (a hit now and then), and still go down.
+    fn descend(&mut self, page: u64) {
+        match self.low {
+            Some(low) if page < low && low - page <= DESCENT_PAGES => self.descents += 1,
+            Some(low) if page >= low => return,
+            _ => self.descents = 0,
+        }
+        self.low = Some(page);
     }
 
     /// Stream `i` is sparse, at `stride`: it goes on one page at a time (the handler gives its
     /// way ahead back to the kernel).
     fn sparse(&mut self, i: usize, page: u64, stride: i64) -> Window {
-        self.stride = 0;
+        (self.stride, self.run, self.descents, self.low) = (0, 0, 0, None);
         self.streams[i] = Stream {
             live: true,
             next: page + 1,
@@ -300,6 +360,7 @@ impl Predictor {
             last_use: self.clock,
             streak: 0,
             probe: None,
+            passed: false,
         };
         Window {
             first: page,
@@ -351,6 +412,10 @@ impl Predictor {
         if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
             s.streak = (s.streak + end).saturating_sub(s.next);
             s.next = end;
+            // Cut before its probe: the thread faults there next, and proves nothing.
+            if s.probe.is_some_and(|p| end <= p) {
+                s.probe = None;
+            }
         }
     }
 }
@@ -627,19 +692,33 @@ mod tests {
     }
 
     #[test]
-    fn a_writer_past_its_probe_untouched_is_sparse_at_every_stride_under_the_window() {
+    fn a_writer_past_two_probes_untouched_is_sparse_at_every_stride_under_the_window() {
         for stride in 2..=16u64 {
             let mut p = Predictor::new();
             assert_eq!(probing(&mut p, 0).probe, Some(1));
-            // Strides under the window land in it (no fault) and fault at its end, or just past.
+            // Strides under the window land in it (no fault) and fault at its end, or just past:
+            // the same window again, with a probe of its own.
             let next = 16u64.next_multiple_of(stride);
             let w = probing(&mut p, next);
             assert_eq!(
+                (w.outcome, w.order, w.probe),
+                (Outcome::Hit, 4, Some(next + 1)),
+                "stride {stride}"
+            );
+            let next = (next + 16).next_multiple_of(stride);
+            let w = probing(&mut p, next);
+            assert_eq!(
                 (w.outcome, w.pages, w.stride),
-                (Outcome::Sparse, 1, 15),
+                (Outcome::Sparse, 1, 2),
                 "stride {stride}"
             );
         }
+        // A header, then a buffer written from a few pages on: the second probe is touched.
+        let mut p = Predictor::new();
+        probing(&mut p, 0);
+        assert_eq!(probing(&mut p, 16).probe, Some(17));
+        assert_eq!(probing(&mut p, 17).outcome, Outcome::Probe);
+        assert_eq!(probing(&mut p, 32).order, 6, "a stream: the window grows");
         // The probe installed meanwhile (another thread wrote there): no evidence, a hit.
         let mut p = Predictor::new();
         probing(&mut p, 0);
@@ -648,13 +727,31 @@ mod tests {
     }
 
     #[test]
+    fn a_window_cut_before_its_probe_proves_nothing() {
+        // The first window's install stopped at the fault's page (events kept coming): the
+        // thread faults there again, a hit that never had the chance to touch the probe.
+        let mut p = Predictor::new();
+        assert_eq!(probing(&mut p, 100).probe, Some(101));
+        p.installed_until(100);
+        let w = probing(&mut p, 100);
+        assert_eq!((w.outcome, w.order), (Outcome::Hit, 6));
+        // Cut between the fault and the probe's page: the same.
+        let mut p = Predictor::new();
+        probing(&mut p, 100);
+        p.installed_until(101);
+        assert_eq!(probing(&mut p, 101).outcome, Outcome::Hit);
+    }
+
+    #[test]
     fn misses_in_a_row_at_one_stride_are_sparse_up_or_down() {
         for (start, stride) in [(0u64, 64i64), (0, 4096), (50_000, -1), (50_000, -3), (50_000, -700)] {
             let mut p = Predictor::new();
             let at = |k: i64| start.checked_add_signed(k * stride).unwrap();
             assert_eq!(probing(&mut p, at(0)).outcome, Outcome::Start);
-            assert_eq!(probing(&mut p, at(1)).outcome, Outcome::Miss, "{stride}");
-            let w = probing(&mut p, at(2));
+            for k in 1..i64::from(SPARSE_MISSES) {
+                assert_eq!(probing(&mut p, at(k)).outcome, Outcome::Miss, "{stride} {k}");
+            }
+            let w = probing(&mut p, at(SPARSE_MISSES.into()));
             assert_eq!((w.outcome, w.stride), (Outcome::Sparse, stride));
         }
         // Two distances that differ, or a stride of one page up (a hit), are not.
@@ -666,6 +763,61 @@ mod tests {
             (301, Outcome::Hit),
         ] {
             assert_eq!(probing(&mut p, page).outcome, outcome, "{page}");
+        }
+        // Without probing, no sparse streams at all.
+        let mut p = Predictor::new();
+        for k in 0..10 {
+            assert_ne!(p.on_fault(k * 64, 1 << 20, &T).outcome, Outcome::Sparse);
+        }
+    }
+
+    #[test]
+    fn a_stack_going_down_is_sparse_though_its_frames_touch_upwards() {
+        // Each frame writes its bottom page, then the top of the frame in the page above:
+        // misses down, and now and then a hit on the page above the last miss.
+        let mut p = Predictor::new();
+        let mut page = 10_000u64;
+        let mut seen = vec![probing(&mut p, page).outcome];
+        while !seen.contains(&Outcome::Sparse) && seen.len() < 40 {
+            page -= 1;
+            let w = probing(&mut p, page);
+            seen.push(w.outcome);
+            if w.outcome == Outcome::Miss && page % 2 == 0 {
+                seen.push(probing(&mut p, page + 1).outcome);
+            }
+        }
+        assert!(
+            seen.contains(&Outcome::Hit) && seen.contains(&Outcome::Sparse),
+            "{seen:?}"
+        );
+        assert!(seen.len() <= 10, "{seen:?}");
+        // A writer going up, or hopping down farther than a frame, is no descent.
+        let mut p = Predictor::new();
+        for k in 0..8u64 {
+            assert_ne!(probing(&mut p, 100_000 - k * 1000).outcome, Outcome::Sparse, "{k}");
+            assert_ne!(probing(&mut p, 100_000 - k * 1000 + 5).outcome, Outcome::Sparse, "{k}");
+        }
+    }
+
+    #[test]
+    fn equal_columns_written_round_robin_are_streams_not_sparse() {
+        // c[i] = a[i] + b[i] over fresh arrays of one size, or a column store's columns: each
+        // column's first fault misses at one distance from the last, then every one hits.
+        for columns in 2..=STREAMS as u64 + 1 {
+            let mut p = Predictor::new();
+            let mut next: Vec<u64> = (0..columns).map(|c| c * 16_384).collect();
+            let mut seen = vec![];
+            for _ in 0..6 {
+                for n in &mut next {
+                    let w = probing(&mut p, *n);
+                    seen.push(w.outcome);
+                    if w.probe.is_some() {
+                        seen.push(probing(&mut p, *n + 1).outcome);
+                    }
+                    *n += w.pages;
+                }
+            }
+            assert!(!seen.contains(&Outcome::Sparse), "{columns} columns: {seen:?}");
         }
     }
 

@@ -77,7 +77,9 @@ impl<K: Kernel> Handler<'_, K> {
         if !woken {
             self.wake(page_addr);
         }
-        if w.outcome == Outcome::Hit && w.write {
+        // A predicted write wants the pool; not a window that probes again (a stream that may
+        // be sparse: its pages would fill a pool for nothing).
+        if w.outcome == Outcome::Hit && w.write && w.probe.is_none() {
             self.want_pool();
         }
         cut.map(|c| range.page_of(c))

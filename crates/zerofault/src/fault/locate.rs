@@ -213,7 +213,10 @@ impl<K: Kernel> Handler<'_, K> {
             },
             1,
         );
-        if matches!(w.outcome, Outcome::Hit | Outcome::Probe) && shared.sparse_run.load(Relaxed) != 0 {
+        // Dense: a probe's fault, or a stream's second hit in a row (a hit with a probe of its
+        // own went past its first probe; a stack's frames hit now and then on their way down).
+        let dense = w.outcome == Outcome::Probe || (w.outcome == Outcome::Hit && w.order > tuning.start_order);
+        if dense && shared.sparse_run.load(Relaxed) != 0 {
             // A dense stream: the program's mappings are worth taking again.
             shared.sparse_run.store(0, Relaxed);
         }

@@ -2,6 +2,7 @@
 //! what it does when the kernel says no. No userfaultfd is opened; the pool is real memory.
 
 use super::{Handler, Kernel};
+use crate::handback::SPARSE_REACH;
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_SIZE};
 use crate::sys::raw::Errno;
 use crate::sys::uffd::{Msg, Progress};
@@ -256,30 +257,38 @@ fn a_new_streams_window_leaves_its_probe_out_and_a_dense_writer_fills_it() {
 }
 
 #[test]
-fn a_writer_past_its_probe_gives_its_way_ahead_back_and_faults_natively() {
+fn a_writer_past_two_probes_gives_its_way_ahead_back_and_faults_natively() {
     let s = probing_state(1 << 18, 256);
     let k = Fake::new();
     let mut h = Handler::new(&s, &k);
-    h.fault(page(0), true, 7);
-    // One page in eight: page 1, the probe, never written.
-    h.fault(page(16), true, 7);
-    // 4096 strides (of 15 pages: from the probe to the window's end) from the fault on, in
-    // whole PMDs, went back; the thread was woken.
-    assert_eq!(k.unregistered.borrow().as_slice(), [(page(0), bytes(61_952))]);
-    assert_eq!(k.calls().len(), 2, "nothing installed for the fault");
-    assert!(k.wakes.borrow().contains(&page(16)));
-    let st = s.stats.snapshot();
-    assert_eq!((st.sparse_streams, st.handbacks, st.pages_handed_back), (1, 1, 61_952));
-    assert!(s.ranges.find(page(100)).is_none() && s.ranges.find(page(61_952)).is_some());
-
-    // Down a region, one page at a time: 64 MiB below goes back (in whole PMDs).
-    let s = probing_state(1 << 16, 256);
-    let k = Fake::new();
-    let mut h = Handler::new(&s, &k);
-    for p in [40_000, 39_999, 39_998] {
+    // One page in eight: neither probe (pages 1 and 17) written.
+    for p in [0, 16] {
         h.fault(page(p), true, 7);
     }
-    let (lo, hi) = (40_000 - 16_384, 40_000);
+    assert_eq!(k.calls().len(), 4, "two windows, each in two runs around its probe");
+    assert!(k.unregistered.borrow().is_empty());
+    h.fault(page(32), true, 7);
+    // SPARSE_REACH (256 MiB) from the fault on, in whole PMDs, went back; the thread was woken.
+    let end = (32 + SPARSE_REACH - 1) / 512 * 512 + 512;
+    assert_eq!(k.unregistered.borrow().as_slice(), [(page(0), bytes(end))]);
+    assert_eq!(k.calls().len(), 4, "nothing installed for the fault");
+    assert!(k.wakes.borrow().contains(&page(32)));
+    let st = s.stats.snapshot();
+    assert_eq!((st.sparse_streams, st.handbacks, st.pages_handed_back), (1, 1, end));
+    assert!(s.ranges.find(page(100)).is_none() && s.ranges.find(page(end)).is_some());
+    // Not one of the range's hand-backs of misses (a second of those gives back the rest).
+    assert_eq!(s.ranges.find(page(end)).unwrap().handbacks.load(Relaxed), 0);
+
+    // Down a region, one page at a time: what lies below goes back (in whole PMDs), at the
+    // sixth fault.
+    let s = probing_state(1 << 18, 256);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let top = 200_000;
+    for p in (top - 5..=top).rev() {
+        h.fault(page(p), true, 7);
+    }
+    let (lo, hi) = (top - 5 - SPARSE_REACH, top - 5);
     let (a, b) = (lo / 512 * 512, (hi / 512 + 1) * 512);
     assert_eq!(k.unregistered.borrow().as_slice(), [(page(a), bytes(b - a))]);
 
@@ -296,10 +305,69 @@ fn a_writer_past_its_probe_gives_its_way_ahead_back_and_faults_natively() {
     );
     let k = Fake::new();
     let mut h = Handler::new(&s, &k);
-    h.fault(page(0), true, 7);
-    h.fault(page(16), true, 7);
+    for p in [0, 16, 32] {
+        h.fault(page(p), true, 7);
+    }
     assert!(k.unregistered.borrow().is_empty());
-    assert_eq!(k.calls()[2], (Verb::Move, page(16), bytes(1)));
+    assert_eq!(k.calls()[4], (Verb::Move, page(32), bytes(1)));
+}
+
+#[test]
+fn a_sparse_stream_in_a_small_range_gives_back_only_its_way_ahead() {
+    // 1 GiB: 256 MiB from the fault goes back, not the whole range (another thread's stream
+    // may be writing the rest), though it is more than half of what lies ahead.
+    let s = probing_state(1 << 18, 256);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let f = 150_000;
+    for p in [f, f + 16, f + 32] {
+        h.fault(page(p), true, 7);
+    }
+    let (a, b) = ((f + 32) / 512 * 512, ((f + 32 + SPARSE_REACH - 1) / 512 + 1) * 512);
+    assert_eq!(k.unregistered.borrow().as_slice(), [(page(a), bytes(b - a))]);
+    assert!(2 * (b - a) > (1 << 18) - (f + 32) && b < 1 << 18);
+}
+
+#[test]
+fn a_first_window_that_could_not_go_in_proves_nothing_on_the_refault() {
+    let s = probing_state(1 << 16, 256);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    // Events keep coming: every install of the first window gives EAGAIN, the thread is woken
+    // without its page, and faults there again.
+    k.always.set(Some(Errno(libc::EAGAIN)));
+    h.fault(page(0), true, 7);
+    assert_eq!(s.stats.snapshot().windows_cut, 1);
+    k.always.set(None);
+    h.fault(page(0), true, 7);
+    let st = s.stats.snapshot();
+    assert_eq!((st.sparse_streams, st.handbacks), (0, 0), "{st:?}");
+    assert!(k.unregistered.borrow().is_empty());
+    assert!(s.ranges.find(BASE).unwrap().map.is_claimed(0));
+}
+
+#[test]
+fn one_thread_writing_four_equal_columns_keeps_its_range() {
+    // c[i] = a[i] + b[i] + d[i] over fresh columns of 64 MiB in one 256 MiB range, row by row.
+    let s = probing_state(1 << 16, 1024);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let mut next = [0u64, 16_384, 32_768, 49_152];
+    for _ in 0..5 {
+        for n in &mut next {
+            h.fault(page(*n), true, 7);
+            let range = s.ranges.find(BASE).unwrap();
+            if !range.map.is_claimed(*n + 1) {
+                h.fault(page(*n + 1), true, 7); // the probe, written next
+            }
+            while range.map.is_claimed(*n) {
+                *n += 1;
+            }
+        }
+    }
+    let st = s.stats.snapshot();
+    assert_eq!((st.sparse_streams, st.handbacks), (0, 0), "{st:?}");
+    assert!(k.unregistered.borrow().is_empty());
 }
 
 #[test]

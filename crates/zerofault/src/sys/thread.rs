@@ -857,6 +857,9 @@ mod tests {
         assert_eq!(name.load(Relaxed), 1);
         let tid = run("zf-test-panic", || panic!("on purpose"));
         assert!(tid > 0);
+        // Joined once its tid word is cleared, a moment before it leaves the thread group (a
+        // loaded machine made that moment long enough to see: wait_gone's reason).
+        wait_gone(&[tid]);
         assert!(!std::path::Path::new(&format!("/proc/self/task/{tid}")).exists());
     }
 }
