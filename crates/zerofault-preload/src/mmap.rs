@@ -39,7 +39,7 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
     }
     // The program's last mappings were all sparse: this one is left to the kernel (unless it
     // would split a VMA that natively merges with served memory).
-    if !fixed && !beside && e.leaves_mapping() {
+    if !fixed && !beside && e.leaves_mapping(len) {
         return;
     }
     // SAFETY: a fresh anonymous private mapping of the program's; the engine fills its missing

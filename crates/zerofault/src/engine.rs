@@ -28,6 +28,9 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 /// Ranges in a row found sparse and given back to their end after which the program's new mappings
 /// are left to the kernel, all but one in as many (see [`Engine::leaves_mapping`]).
 pub(crate) const SPARSE_BACKOFF: u32 = 8;
+/// Mappings this large are never left to the kernel by the backoff (see
+/// [`Engine::leaves_mapping`]).
+const LEAVE_BELOW: usize = 64 << 20;
 
 /// Why the engine could not start or could not serve a request.
 #[derive(Debug)]
@@ -753,18 +756,23 @@ impl Engine {
     /// (a program that maps, touches one page in 16 and unmaps, in a loop, paid a
     /// registration, two round trips and a hand-back a mapping: 2.6x native). Now and then
     /// one is taken all the same, to look again: after [`SPARSE_BACKOFF`] left alone, then
-    /// twice as many each time that one is sparse too, up to 64; a dense stream anywhere
-    /// ends the backoff. A mapping next to served memory is always taken (see the shim's mmap
-    /// hook).
+    /// twice as many each time that one is sparse too, up to 64; dense evidence anywhere ends
+    /// the backoff. A mapping next to served memory is always taken (see the shim's mmap
+    /// hook), and so is one of 64 MiB or more.
     ///
     /// # Context
     /// The program's thread, in the shim's mmap hook.
-    pub fn leaves_mapping(&self) -> bool {
+    pub fn leaves_mapping(&self, len: usize) -> bool {
         let sparse = self.shared.sparse_run.load(Relaxed);
-        if sparse < SPARSE_BACKOFF {
+        // A mapping of 64 MiB or more is always taken: its sparse stream costs a few round
+        // trips per 256 MiB, and a dense one gains most.
+        if sparse < SPARSE_BACKOFF || len >= LEAVE_BELOW {
             return false;
         }
         let every = SPARSE_BACKOFF << (sparse - SPARSE_BACKOFF).min(3);
+        // The one taken to look again is a VMA of its own while it is registered, where it
+        // lies next to one left alone (natively they merge); its hand-back, if it is sparse
+        // too, merges them again.
         if self.shared.left_alone.fetch_add(1, Relaxed) + 1 >= every {
             self.shared.left_alone.store(0, Relaxed);
             return false;

@@ -73,9 +73,9 @@ pub(crate) enum Outcome {
     Miss,
     /// On the page a stream's first window left out: the stream is dense.
     Probe,
-    /// A sparse stream: past a window whose probe it never touched, or a third miss at one
-    /// stride from the last (or a stream going down). The window is the fault's page;
-    /// [`Window::stride`] says which way the stream goes.
+    /// A sparse stream: past two probes untouched, the [`SPARSE_MISSES`]th miss in a row at
+    /// one stride, or a descent as long. The window is the fault's page; [`Window::stride`]
+    /// says which way the stream goes.
     Sparse,
 }
 
@@ -91,8 +91,8 @@ pub(crate) struct Window {
     pub streak: u64,
     /// A page of the window to leave out: the probe of a new stream (see the module doc).
     pub probe: Option<u64>,
-    /// For [`Outcome::Sparse`], the stream's stride in pages (negative downwards; the window's
-    /// pages for a stream past its probe, whose stride is only known to be 2 or more).
+    /// For [`Outcome::Sparse`], the stream's stride in pages (negative downwards; 2 for a
+    /// stream past its probes, whose stride is only known to be 2 or more).
     pub stride: i64,
 }
 
@@ -244,7 +244,7 @@ impl Predictor {
                 if first {
                     (i, t.start_order.min(t.max_order), Outcome::Start)
                 } else {
-                    if let Some(w) = self.strided(i, page, last).filter(|_| f.probing) {
+                    if let Some(w) = f.probing.then(|| self.strided(i, page, last)).flatten() {
                         return w;
                     }
                     if f.probing && self.descents >= SPARSE_MISSES {
@@ -337,13 +337,15 @@ impl Predictor {
     }
 
     /// Follows the thread's descent: a fault below the lowest so far, and at most
-    /// [`DESCENT_PAGES`] below it, goes on with it; one farther below starts another; one
-    /// above leaves it as it is. A stack's frames write their top pages after their bottom
-    /// ones (a hit now and then), and still go down.
+    /// [`DESCENT_PAGES`] below it, goes on with it; one within as many pages above leaves it as
+    /// it is (a stack's frames write their top pages after their bottom ones: a hit now and
+    /// then); any other fault starts another.
     fn descend(&mut self, page: u64) {
         match self.low {
             Some(low) if page < low && low - page <= DESCENT_PAGES => self.descents += 1,
-            Some(low) if page >= low => return,
+            // Near the low, above it: a frame's top. Farther up, the thread is at something
+            // else, and the descent is over.
+            Some(low) if page >= low && page - low <= DESCENT_PAGES => return,
             _ => self.descents = 0,
         }
         self.low = Some(page);

@@ -546,6 +546,13 @@ fn wait_for_quiet(shared: &Shared, pool: &Pool, reserve: u64) -> bool {
 /// `stop` pages.
 fn refill(shared: &Shared, pool: &Pool, stop: u64) {
     let reserve = 1u64 << shared.opts.max_order;
+    // Before the program's memory took a huge page, the small ring alone, to its part of
+    // `stop`: the huge ring's part stays free for when it does (see `Shared::huge_wanted`).
+    let stop = if shared.huge_wanted.load(Relaxed) || pool.huge.is_none() {
+        stop
+    } else {
+        stop.min(stop * pool.share(&pool.small) / pool.capacity().max(1))
+    };
     while !stopping(shared) && pool.available() + pool.dirty() < stop {
         if !wait_for_quiet(shared, pool, reserve) {
             break;
@@ -555,7 +562,7 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64) {
             break;
         }
         let huge_too = shared.huge_wanted.load(Relaxed);
-        match pool.fill_step(stop - pool.available(), huge_too, &shared.stats) {
+        match pool.fill_step(stop.saturating_sub(pool.available()), huge_too, &shared.stats) {
             Ok(0) => break,
             Ok(_) => {}
             // Out of memory, the node full (`Pool::low`), or a refused populate: the handlers

@@ -187,6 +187,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// ring, or made by this thread when the ring is empty. Anything irregular (a page already
     /// there, a refused move, no huge page to be had) marks the PMDs and ends in 4 KiB pages.
     pub(crate) fn install_huge(&mut self, dst: usize, len: usize, range: &Range) -> Filled {
+        self.want_huge();
         // With a pool per node, from the huge rings `pool_for` picks as they run dry; under an
         // interleave policy one huge page at a time, each from its own node's ring.
         let per_pmd = self.interleave.is_some();

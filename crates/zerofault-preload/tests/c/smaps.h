@@ -24,7 +24,7 @@ static long anon_huge_kb(const void *lo, const void *hi) {
 }
 
 /* AnonHugePages of the whole process (smaps_rollup), in kB: the program's and the engine's. */
-static long process_huge_kb(void) {
+static inline long process_huge_kb(void) {
     FILE *f = fopen("/proc/self/smaps_rollup", "r");
     char line[512];
     long v = 0;

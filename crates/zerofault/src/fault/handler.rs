@@ -728,6 +728,19 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// A sequential writer is proven: keep the pool between its watermarks from now on. Random
     /// or read-only faults never start the scrub thread, so a program that does not stream
     /// through fresh memory pays for no pool at all.
+    /// The program's memory takes huge pages (a window has whole PMDs for them, or a stream
+    /// wants windows ahead): from now on the scrub fills the huge ring too
+    /// (`Shared::huge_wanted`), and is asked to at once.
+    pub(crate) fn want_huge(&self) {
+        if self.shared.huge_wanted.load(Relaxed) {
+            return;
+        }
+        self.shared.huge_wanted.store(true, Relaxed);
+        if let Some(pool) = self.home_pool().filter(|p| p.huge.is_some()) {
+            pool.scrub.kick();
+        }
+    }
+
     pub(crate) fn want_pool(&self) {
         let Some(pool) = self.home_pool() else { return };
         if self.shared.pool_paused.load(Relaxed) {

@@ -251,12 +251,7 @@ impl<K: Kernel> Handler<'_, K> {
                 Some(r) => match r.pmds.clear_run(at, rest) {
                     // 4 KiB pages up to the next PMD boundary, where huge pages may start.
                     0 => (((at / PMD_SIZE + 1) * PMD_SIZE - at).min(rest), false),
-                    k => {
-                        if !self.shared.huge_wanted.load(Relaxed) {
-                            self.shared.huge_wanted.store(true, Relaxed);
-                        }
-                        (k * PMD_SIZE, true)
-                    }
+                    k => (k * PMD_SIZE, true),
                 },
                 None => (rest, false),
             };

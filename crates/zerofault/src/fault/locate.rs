@@ -157,6 +157,13 @@ impl<K: Kernel> Handler<'_, K> {
         let mut ahead = None;
         let confirmed = w.outcome == Outcome::Hit && w.order >= tuning.max_order;
         if confirmed && ahead_mode != AheadMode::Off {
+            // A writer's windows ahead are whole PMDs, huge pages where the program lets them
+            // be: the huge ring is worth filling.
+            let next_pmd = pmd_start(page_addr) + PMD_SIZE;
+            let huge_ahead = next_pmd < range.end() && !range.pmds.no_huge(next_pmd);
+            if write && huge_ahead && !self.shared.thp_disabled.load(Relaxed) {
+                self.want_huge();
+            }
             // A confirmed stream: a window ahead of as many pages as it has written so far
             // (at least its window, at most 2^ahead_order), in whole PMDs of the address
             // space (see ahead.rs).
