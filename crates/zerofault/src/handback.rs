@@ -428,7 +428,16 @@ impl<K: Kernel> Handler<'_, K> {
         };
         // Not widened to the whole range past half of it, as misses are: other threads' streams
         // may be writing the rest.
-        let (first, end) = pmd_span(lo, hi, range.pages, pages(range.start));
+        let (mut first, mut end) = pmd_span(lo, hi, range.pages, pages(range.start));
+        // Nor past the accessible mappings around the fault: in the shim's arena, free space
+        // is PROT_NONE, and the blocks made there later would be the kernel's for good.
+        if let Some((m0, m1)) = self.mapping_around(range.addr_of(page)) {
+            first = first.max(range.page_of(m0.max(range.start)));
+            end = end.min(range.page_of(m1.min(range.end())));
+        }
+        if first >= end {
+            return false;
+        }
         let Some((a, b)) = self.give_back(range, first, end, false) else {
             return false;
         };

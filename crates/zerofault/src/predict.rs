@@ -414,9 +414,11 @@ impl Predictor {
         if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
             s.streak = (s.streak + end).saturating_sub(s.next);
             s.next = end;
-            // Cut before its probe: the thread faults there next, and proves nothing.
+            // Cut before its probe (the install gave up: events kept coming): the thread
+            // faults there next, which proves nothing, and nor would the hits after it. The
+            // stream starts again.
             if s.probe.is_some_and(|p| end <= p) {
-                s.probe = None;
+                *s = Stream::default();
             }
         }
     }
@@ -731,17 +733,20 @@ mod tests {
     #[test]
     fn a_window_cut_before_its_probe_proves_nothing() {
         // The first window's install stopped at the fault's page (events kept coming): the
-        // thread faults there again, a hit that never had the chance to touch the probe.
+        // thread faults there again, which would be a hit that never had the chance to touch
+        // the probe (and its next, a second hit: evidence of a dense stream it is not). The
+        // stream starts again, probe and all.
         let mut p = Predictor::new();
         assert_eq!(probing(&mut p, 100).probe, Some(101));
         p.installed_until(100);
         let w = probing(&mut p, 100);
-        assert_eq!((w.outcome, w.order), (Outcome::Hit, 6));
-        // Cut between the fault and the probe's page: the same.
+        assert_eq!((w.outcome, w.order, w.probe), (Outcome::Start, 4, Some(101)));
+        // Cut between the fault and the probe's page: the same, from the probe's page.
         let mut p = Predictor::new();
         probing(&mut p, 100);
         p.installed_until(101);
-        assert_eq!(probing(&mut p, 101).outcome, Outcome::Hit);
+        let w = probing(&mut p, 101);
+        assert_eq!((w.outcome, w.probe), (Outcome::Start, Some(102)));
     }
 
     #[test]

@@ -156,19 +156,24 @@ impl<K: Kernel> Handler<'_, K> {
     /// (munmap, mremap, a discard) may have changed the mappings; an `mprotect` makes no
     /// event, so a kept end can be stale until then.
     pub(crate) fn mapping_end(&mut self) -> usize {
-        let a = self.fault_page;
+        self.mapping_around(self.fault_page).map_or(usize::MAX, |(_, hi)| hi)
+    }
+
+    /// The run of mappings that are not `PROT_NONE` holding `a`, as `[lo, hi)` (`None` if
+    /// unknown), cached as [`Self::mapping_end`] says.
+    pub(crate) fn mapping_around(&mut self, a: usize) -> Option<(usize, usize)> {
         // Before the table is read: an event after this load moves `events` on and makes the
         // next call read again.
         let events = self.shared.events.load(Acquire);
         if events != self.mapping_events {
             self.mapping = None;
         }
-        if let Some((_, hi)) = self.mapping.filter(|&(lo, hi)| lo <= a && a < hi) {
-            return hi;
+        if let Some(m) = self.mapping.filter(|&(lo, hi)| lo <= a && a < hi) {
+            return Some(m);
         }
         self.mapping_events = events;
         self.mapping = self.k.mapping_of(a);
-        self.mapping.map_or(usize::MAX, |(_, hi)| hi)
+        self.mapping
     }
 
     /// The loop every install shares: calls `op(offset, len)` until `len` bytes are done,

@@ -329,6 +329,20 @@ fn a_sparse_stream_in_a_small_range_gives_back_only_its_way_ahead() {
 }
 
 #[test]
+fn a_sparse_streams_hand_back_stops_where_its_accessible_memory_does() {
+    // The shim's arena: a block, then free space kept PROT_NONE (blocks made there later would
+    // be the kernel's for good had it gone back too).
+    let s = probing_state(1 << 18, 256);
+    let k = Fake::new();
+    k.none.set((page(3000), page(200_000)));
+    let mut h = Handler::new(&s, &k);
+    for p in [0, 16, 32] {
+        h.fault(page(p), true, 7);
+    }
+    assert_eq!(k.unregistered.borrow().as_slice(), [(page(0), bytes(3000))]);
+}
+
+#[test]
 fn a_first_window_that_could_not_go_in_proves_nothing_on_the_refault() {
     let s = probing_state(1 << 16, 256);
     let k = Fake::new();
