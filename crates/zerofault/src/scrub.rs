@@ -402,6 +402,34 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     idle.taken = pool.taken();
 }
 
+/// The scrub's scheduling: `SCHED_IDLE` while it works, `SCHED_OTHER` while it sleeps. A
+/// scrub woken at `SCHED_IDLE` by SIGKILL on a busy machine may be the process's last thread
+/// out, and then runs the address space's teardown at almost no CPU (`shared/repro/round2/
+/// k_hold.c`, 4 GiB, `kill -9` beside `stress-ng --cpu 2`: 22.6 s to reaped, 0.2 s natively).
+/// Where going back is refused (an unprivileged process: no CAP_SYS_NICE, RLIMIT_NICE 0), it
+/// stays `SCHED_IDLE` from its first work on (nice 19 where that is refused too). A scrub
+/// killed in the middle of its work is still starved: see DESIGN.md, "Exit".
+struct Priority {
+    idle: bool,
+    can_return: bool,
+}
+
+impl Priority {
+    fn work(&mut self) {
+        if !self.idle {
+            let _ = thread::make_idle();
+            self.idle = true;
+        }
+    }
+
+    fn rest(&mut self) {
+        if self.idle && self.can_return {
+            self.can_return = thread::make_normal(thread::gettid());
+            self.idle = !self.can_return;
+        }
+    }
+}
+
 fn stopping(shared: &Shared) -> bool {
     shared.stopping.load(Acquire) || shared.failed.load(Acquire)
 }
@@ -410,7 +438,10 @@ fn stopping(shared: &Shared) -> bool {
 /// node's CPUs: its zeroing stores and the kernel's page clearing for its populate then run
 /// where the memory is.
 pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
-    let _ = thread::make_idle();
+    let mut priority = Priority {
+        idle: false,
+        can_return: true,
+    };
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pools.get(ix) else { return };
@@ -438,6 +469,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let mut looked = Instant::now();
     let mut recent = crate::budget::Recent::default();
     while !stopping(&shared) {
+        priority.rest();
         let requested = pool.scrub.wait(tick.min(LOOK_EVERY));
         if stopping(&shared) {
             break;
@@ -453,6 +485,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         let share = shared.budget.pages() / shared.pools.len() as u64;
         shrink(&shared, pool, share);
         if !shared.pool_paused.load(Acquire) {
+            priority.work();
             shared.scrubs_working.fetch_add(1, Relaxed);
             clean_dirty(&shared, pool, &mut zeroer, &clock);
             // Refill when asked, or on a timer tick that finds the pool low (after a load-gated

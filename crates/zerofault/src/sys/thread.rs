@@ -615,14 +615,15 @@ pub(crate) fn make_idle() -> &'static str {
 }
 
 /// Puts thread `tid` of this process back in SCHED_OTHER (from SCHED_IDLE), so that it runs
-/// soon on a busy machine: before it is joined. 0 (gone) is left alone; errors are ignored.
-pub(crate) fn make_normal(tid: u32) {
+/// soon on a busy machine: before it is joined. 0 (gone) is left alone. Whether it took: the
+/// kernel refuses it to a process without CAP_SYS_NICE whose RLIMIT_NICE does not reach nice 0.
+pub(crate) fn make_normal(tid: u32) -> bool {
     if tid == 0 {
-        return;
+        return false;
     }
     let param = libc::sched_param { sched_priority: 0 };
     // SAFETY: sched_setscheduler on one of our own threads; `param` is a valid sched_param.
-    let _ = unsafe {
+    unsafe {
         raw::call(
             libc::SYS_sched_setscheduler,
             [
@@ -634,7 +635,8 @@ pub(crate) fn make_normal(tid: u32) {
                 0,
             ],
         )
-    };
+    }
+    .is_ok()
 }
 
 /// Waits (at most a second) until none of `tids` is a thread of this process any more. A
