@@ -14,18 +14,13 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "measure.h"
 
 #define THREADS 4
 #define SLOTS 16
 
 struct block { unsigned char *p; size_t len; uint64_t tag; };
 struct worker { int id; double until; long errors, ops; };
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 static uint64_t next(uint64_t *s) {
     *s ^= *s << 13;

@@ -6,16 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-
-static long rss_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) v = atol(line + 6);
-    if (f) fclose(f);
-    return v;
-}
+#include "measure.h"
 
 int main(void) {
     size_t len = (size_t)16 << 40, gib = (size_t)1 << 30, seq = 256u << 20;

@@ -9,12 +9,7 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
+#include "measure.h"
 
 int main(int argc, char **argv) {
     if (argc < 4 || (argc - 1) % 3) {

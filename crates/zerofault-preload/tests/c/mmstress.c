@@ -72,6 +72,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include "measure.h"
 
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
@@ -1061,12 +1062,6 @@ static void on_fault(int sig, siginfo_t *si, void *uc) {
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 static void must_map(uintptr_t at, size_t len, int prot) {
     void *p = mmap((void *)at, len, prot, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);

@@ -13,6 +13,7 @@
 #include <sys/mman.h>
 #include <sys/time.h>
 #include <time.h>
+#include "measure.h"
 
 #define SAMPLES ((16u << 20) / 8)
 #define STRIDE 512 /* one page of 8-byte samples */
@@ -29,12 +30,6 @@ static void on_prof(int sig) {
         at = i + STRIDE;
         taken++;
     }
-}
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
 }
 
 int main(int argc, char **argv) {

@@ -11,23 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
-
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static long rss_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    if (!f) return -1;
-    while (fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) v = atol(line + 6);
-    fclose(f);
-    return v;
-}
+#include "measure.h"
 
 int main(int argc, char **argv) {
     if (argc != 5) {

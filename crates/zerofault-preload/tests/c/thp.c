@@ -10,18 +10,9 @@
 #include <sys/mman.h>
 
 #include "smaps.h"
+#include "measure.h"
 
 #define HUGE ((size_t)2 << 20)
-
-static long rss_kb(void) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmRSS:", 6)) v = atol(line + 6);
-    if (f) fclose(f);
-    return v;
-}
 
 
 int main(void) {
