@@ -34,7 +34,7 @@ use crate::args::{
     gib_bytes, gib_in, has_blank_ends, int_in, int_list, invalid, positive_f64, Parsed, Spec, GB_ACCEPTS,
 };
 use crate::progress::Progress;
-use crate::sys::{online_cpus, pin_to_cpu, populate_write, process_cpu_time, Mapping, Thp};
+use crate::sys::{online_cpus, pin_to_cpu, populate_write, process_cpu_time, Hogs, Mapping, Thp};
 use std::path::PathBuf;
 use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
@@ -55,6 +55,7 @@ pub(crate) const SPEC: Spec = Spec {
         ("pattern", true),
         ("touch", true),
         ("loop", true),
+        ("busy", true),
         ("format", true),
         ("plot", true),
         ("pin", false),
@@ -252,6 +253,8 @@ pub(crate) struct BenchArgs {
     pub(crate) touch: f64,
     /// `--loop N`: each thread allocates, touches and frees its share N times (seed 003).
     pub(crate) loops: u32,
+    /// `--busy N`: N CPU hogs at normal priority, in processes of their own, for the whole run.
+    pub(crate) busy: u32,
     pub(crate) format: Format,
     pub(crate) plot: Option<PathBuf>,
     pub(crate) pin: bool,
@@ -269,6 +272,7 @@ impl Default for BenchArgs {
             pattern: Pattern::Seq,
             touch: 1.0,
             loops: 1,
+            busy: 0,
             format: Format::Table,
             plot: None,
             pin: false,
@@ -318,6 +322,7 @@ pub(crate) fn parse(args: &[String]) -> Result<BenchArgs, String> {
             positive_f64(s).filter(|f| *f <= 1.0)
         })?,
         loops: p.get("loop", 1, "an integer 1..=1000", int_in(1, 1000))? as u32,
+        busy: p.get("busy", 0, "an integer 0..=1024 (CPU hogs)", int_in(0, 1024))? as u32,
         format: p.get("format", d.format, "table, json or csv", |s| match s {
             "table" => Some(Format::Table),
             "json" => Some(Format::Json),
@@ -800,6 +805,8 @@ pub(crate) fn preflight(modes: &[Mode]) -> Result<(), String> {
 pub(crate) fn run(a: &BenchArgs, progress: &Progress) -> Result<Vec<Row>, String> {
     preflight(&a.modes)?;
     check_memory(a)?;
+    // Every mode and rep runs beside the same hogs; they end when `_hogs` drops.
+    let _hogs = Hogs::start(a.busy).map_err(|e| format!("--busy: starting a CPU hog: {e}"))?;
     let mut rows = vec![];
     for &threads in &a.threads {
         for &cachelines in &a.cachelines {
@@ -851,7 +858,7 @@ mod tests {
         let a = parse(&args(
             "--threads 1..3,8 --cachelines 1,8,64 --mode native,thp,populate,engine,engine-cold,\
              engine:max_order=3,engine-cold:pool=off:start_order=0 --pattern stride:16 --format csv \
-             --plot x.PNG --pin --quiet --reps 5 --gb 0.5 --touch 0.25",
+             --plot x.PNG --pin --quiet --reps 5 --gb 0.5 --touch 0.25 --busy 2",
         ))
         .unwrap();
         assert_eq!(a.threads, [1, 2, 3, 8]);
@@ -874,6 +881,8 @@ mod tests {
         assert_eq!((a.format, a.pin, a.quiet, a.reps), (Format::Csv, true, true, 5));
         assert_eq!(a.plot, Some(PathBuf::from("x.PNG")));
         assert_eq!(a.runs(), 4 * 3 * 7 * 5);
+        assert_eq!(a.busy, 2);
+        assert_eq!(parse(&[]).unwrap().busy, 0);
     }
 
     #[test]
@@ -901,6 +910,9 @@ mod tests {
             ("--touch 1.5", "--touch"),
             ("--loop 0", "--loop"),
             ("--loop 1001", "--loop"),
+            ("--busy x", "--busy"),
+            ("--busy 1025", "--busy"),
+            ("--busy -1", "--busy"),
             ("--format xml", "--format"),
             ("--plot x.pdf", "--plot"),
             ("--pin=1", "--pin takes no value"),

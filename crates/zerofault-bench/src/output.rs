@@ -62,12 +62,19 @@ pub(crate) fn distinct<T: PartialEq>(v: impl Iterator<Item = T>) -> Vec<T> {
 /// What the run was: size, pattern, touch, reps.
 pub(crate) fn run_line(a: &BenchArgs) -> String {
     format!(
-        "{} GiB per run, pattern {}, touch {}, {} reps{}{}: medians, wall min..max over the reps",
+        "{} GiB per run, pattern {}, touch {}, {} reps{}{}{}: medians, wall min..max over the reps",
         gb_text(a.gb),
         a.pattern.name(),
         a.touch,
         a.reps,
         if a.pin { ", threads pinned round-robin" } else { "" },
+        match a.busy {
+            0 => String::new(),
+            n => format!(
+                ", beside {n} CPU hog{} at normal priority",
+                if n == 1 { "" } else { "s" }
+            ),
+        },
         if a.loops > 1 {
             format!(
                 ", each thread allocating, touching and freeing its share {} times (native frees with munmap, the engine recycles; scrub CPU counted)",
@@ -232,6 +239,7 @@ fn fields(a: &BenchArgs, rows: &[Row], r: &Row) -> Vec<(&'static str, Value)> {
         ("touch", json!(a.touch)),
         ("pin", json!(a.pin)),
         ("loops", json!(a.loops)),
+        ("busy", json!(a.busy)),
         ("user_s", secs(r.user)),
         ("sys_s", secs(r.sys)),
         ("wall_s", secs(r.wall)),

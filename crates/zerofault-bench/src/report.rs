@@ -62,6 +62,7 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
         pattern: Pattern::Seq,
         touch: 1.0,
         loops: 1,
+        busy: 0,
         format: Format::Table,
         plot: None,
         pin: false,

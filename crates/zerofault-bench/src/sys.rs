@@ -136,6 +136,55 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
     (0..bits).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect()
 }
 
+/// CPU hogs for `--busy N`: processes of their own, each spinning at normal priority on
+/// arithmetic, until dropped (SIGKILL, then reaped). A hog whose parent dies goes with it.
+#[derive(Debug)]
+pub(crate) struct Hogs(Vec<libc::pid_t>);
+
+impl Hogs {
+    pub(crate) fn start(n: u32) -> io::Result<Hogs> {
+        let mut hogs = Hogs(Vec::with_capacity(n as usize));
+        let parent = std::process::id() as libc::pid_t;
+        for _ in 0..n {
+            // SAFETY: the child calls only async-signal-safe functions (prctl, getppid, _exit)
+            // and then spins without allocating or taking a lock.
+            match unsafe { libc::fork() } {
+                -1 => return Err(io::Error::last_os_error()),
+                0 => unsafe {
+                    // SAFETY: see above; these change nothing but this child.
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    if libc::getppid() != parent {
+                        libc::_exit(0);
+                    }
+                    hog()
+                },
+                pid => hogs.0.push(pid),
+            }
+        }
+        Ok(hogs)
+    }
+}
+
+/// A hog's work: a multiply-add chain the compiler cannot drop.
+fn hog() -> ! {
+    let mut x: u64 = 1;
+    loop {
+        x = std::hint::black_box(x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407));
+    }
+}
+
+impl Drop for Hogs {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: our own child, not reaped yet: the pid still names it.
+            unsafe {
+                libc::kill(pid, libc::SIGKILL);
+                libc::waitpid(pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
 /// Number of online CPUs.
 pub(crate) fn online_cpus() -> usize {
     // SAFETY: sysconf has no preconditions.
@@ -152,6 +201,29 @@ pub(crate) fn system_page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The state letter of process `pid` (/proc/PID/stat), None once it is reaped.
+    fn state(pid: libc::pid_t) -> Option<char> {
+        let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        s[s.rfind(')')? + 2..].chars().next()
+    }
+
+    #[test]
+    fn hogs_spin_until_dropped_and_are_reaped() {
+        let hogs = Hogs::start(2).unwrap();
+        let pids = hogs.0.clone();
+        assert_eq!(pids.len(), 2);
+        std::thread::sleep(Duration::from_millis(50));
+        for &p in &pids {
+            // Running or waiting for a CPU: never asleep.
+            assert_eq!(state(p), Some('R'), "hog {p}");
+        }
+        drop(hogs);
+        for &p in &pids {
+            assert_eq!(state(p), None, "hog {p} reaped");
+        }
+        assert!(Hogs::start(0).unwrap().0.is_empty());
+    }
 
     #[test]
     fn mappings_are_aligned_writable_and_advised() {
