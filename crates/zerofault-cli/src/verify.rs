@@ -237,8 +237,9 @@ const PATTERNS: &[Pattern] = &[
         order: interleaved,
         visit: Mem::first_write,
         must: "both moves and copies (pool ran out)",
-        // Filled first: a scrub at SCHED_IDLE may not run at all in the ~30 ms the pattern
-        // lasts beside its threads (CI saw 0 moves), and the refill waits while faults come.
+        // Filled first: a scrub that finds no CPU to itself rests, and may not run at all in
+        // the ~30 ms the pattern lasts beside its threads (CI saw 0 moves), and the refill
+        // waits while faults come.
         prefill: 8 << 20,
         took_path: |s| s.pages_moved > 0 && s.copy_pool_empty > 0,
     },
@@ -308,8 +309,8 @@ fn discard_and_retouch(bytes: usize) -> Result<Outcome, String> {
     })
 }
 
-/// The scrub thread runs at `SCHED_IDLE`: on a machine kept busy (`.ci/run`'s parallel tests,
-/// `stress-ng --cpu 2`) it waits for an idle CPU, seen here for 10 s and more. The patterns
+/// The scrub thread works only while it has a CPU to itself: on a machine kept busy
+/// (`.ci/run`'s parallel tests, `stress-ng --cpu 2`) it rests, seen here for 10 s and more. The patterns
 /// that need it wait this long, and keep the pages they recycle as long (`purge_delay`), so
 /// that a late scrub zeroes them instead of giving them back unzeroed (before 2026-11-25 they
 /// waited 10 s with a purge delay of 1 s, and failed "did not exercise" under load).

@@ -300,7 +300,7 @@ fn bench_loop_recycles_between_rounds_and_counts_every_round() {
         "{e}"
     );
     // Whether a round's pages come back in the next round is a race here: rounds of 32 MiB
-    // follow each other within milliseconds, and the scrub, at SCHED_IDLE on 2 CPUs, zeroed a
+    // follow each other within milliseconds, and the scrub (at SCHED_IDLE then) on 2 CPUs zeroed a
     // round's pages before the next one took them in some runs only (pages moved 19-56k of
     // 64k, before and after windows ahead, 2026-11-24). tests/recycle.rs checks that recycled
     // pages come back, once they are zeroed; the 1 GiB loop's figures are in DESIGN.md.

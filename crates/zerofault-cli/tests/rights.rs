@@ -317,8 +317,8 @@ fn poke_through_proc_mem(cmd: &mut Command) -> (String, String) {
         .write(true)
         .open(format!("/proc/{pid}/mem"))
         .unwrap();
-    // The engine looks for a tracer every 100 ms, on a SCHED_IDLE thread: on a busy machine
-    // that may take a while.
+    // The engine looks for a tracer every 100 ms, on the scrub thread: on a busy machine that
+    // may take a while.
     let t0 = std::time::Instant::now();
     let mut byte = [9u8];
     let read = loop {

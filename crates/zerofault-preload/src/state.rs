@@ -577,8 +577,8 @@ extern "C" fn fini() {
     let Some(_g) = enter() else { return };
     if let Some(e) = running() {
         // The process is exiting: its engine threads go now, while this thread has the CPU,
-        // so that the last thread out (which tears the address space down) is not a
-        // SCHED_IDLE scrub on a busy machine. Faults from here on are the kernel's.
+        // so that the last thread out (which tears the address space down) is this one.
+        // Faults from here on are the kernel's.
         let _q = Quiet::new();
         e.stop_at_exit();
     }

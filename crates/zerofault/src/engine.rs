@@ -1034,8 +1034,6 @@ impl Engine {
         self.shared.kick_scrubs();
         let tids: Vec<u32> = t.handlers.iter().chain(&t.scrubbers).map(EngineThread::tid).collect();
         for s in t.scrubbers.drain(..) {
-            // A SCHED_IDLE thread on a busy machine would take seconds to see `stopping`.
-            sys::thread::make_normal(s.tid());
             s.join();
         }
         let handlers = std::mem::take(&mut t.handlers);
@@ -1094,8 +1092,8 @@ impl Engine {
 
     /// The process is exiting (`exit`, or a return from `main`): the engine's threads leave
     /// now, from the exiting thread, and the kernel serves every later fault. So the thread
-    /// that tears the address space down, the last one out, is never a SCHED_IDLE scrub that a
-    /// busy machine leaves without CPU (DESIGN.md, "The program's rights").
+    /// that tears the address space down, the last one out, is the exiting one, at the
+    /// program's own priority (DESIGN.md, "Exit").
     ///
     /// # Context
     /// The exiting program thread (a library destructor), signals blocked; as [`Engine::pause`].
@@ -1130,7 +1128,6 @@ impl Drop for Engine {
         // releases it.
         drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
         for s in t.scrubbers.drain(..) {
-            sys::thread::make_normal(s.tid());
             s.join();
         }
         // Regions may outlive the engine and keep `Shared` alive: free the pools' pages now.

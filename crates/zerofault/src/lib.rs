@@ -57,7 +57,7 @@
 //!    of 4 KiB pages (`MADV_NOHUGEPAGE`, a quarter of `pool_max`) and a huge one of 2 MiB
 //!    transparent huge pages (`MADV_HUGEPAGE`, the rest; `pool_thp=off` or THP `never` leaves
 //!    only the small one); at first no page exists.
-//! 2. Zeroed: the scrub thread (`scrub.rs`), at `SCHED_IDLE`, populates 2 MiB at a time with
+//! 2. Zeroed: the scrub thread (`scrub.rs`), while it has a CPU to itself, populates 2 MiB at a time with
 //!    `MADV_POPULATE_WRITE`, into whichever ring is emptier, whenever the pool is below
 //!    `scrub_start`, until `scrub_stop`. The kernel zero-fills them there, off every critical
 //!    path (seed 003: zero cold pages, in bulk, on an idle CPU).

@@ -20,9 +20,10 @@
 //! 3. **Purge**: dirty batches older than `purge_delay` that still find no room, and pool pages
 //!    above `scrub_stop` when nobody took a page for `purge_delay`, go back to the kernel.
 //!
-//! - It runs at `SCHED_IDLE` (nice 19 where that is refused): on a busy machine it yields to
-//!   everything, which is the seed's "run on the most idle CPU". The faulting thread never
-//!   waits for it; an empty pool means the handler copies from the zero source instead.
+//! - It works only while it has a CPU to itself, the seed's "run on the most idle CPU": at the
+//!   program's own priority, never `SCHED_IDLE`, and it rests while it waits to run ([`Share`]).
+//!   The faulting thread never waits for it; an empty pool means the handler copies from the
+//!   zero source instead.
 //! - `scrub_load` (seed 003, off by default): no refill while the one-minute load average per
 //!   CPU is above it. Checked before each chunk; a skipped round is counted and retried on the
 //!   next timer tick.
@@ -186,13 +187,13 @@ fn code(m: ZeroMethod) -> u64 {
 
 /// Zeroes the dirty batches and moves them into their clean rings while those have room.
 /// Returns whether it did anything.
-fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::ThreadClock) -> bool {
+fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::ThreadClock, share: &mut Share) -> bool {
     let stats = &*shared.stats;
     let mut worked = false;
     // The pairs whose clean ring took nothing more this round (see `Pool::next_dirty`).
     let mut done = [false; 2];
     loop {
-        if stopping(shared) {
+        if stopping(shared) || !share.allows(stats) {
             return worked;
         }
         // One batch at a time under the pool's work lock, peeked under it: a release or the
@@ -402,32 +403,88 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     idle.taken = pool.taken();
 }
 
-/// The scrub's scheduling: `SCHED_IDLE` while it works, `SCHED_OTHER` while it sleeps. A
-/// scrub woken at `SCHED_IDLE` by SIGKILL on a busy machine may be the process's last thread
-/// out, and then runs the address space's teardown at almost no CPU (`shared/repro/round2/
-/// k_hold.c`, 4 GiB, `kill -9` beside `stress-ng --cpu 2`: 22.6 s to reaped, 0.2 s natively).
-/// Where going back is refused (an unprivileged process: no CAP_SYS_NICE, RLIMIT_NICE 0), it
-/// stays `SCHED_IDLE` from its first work on (nice 19 where that is refused too). A scrub
-/// killed in the middle of its work is still starved: see DESIGN.md, "Exit".
-struct Priority {
-    idle: bool,
-    can_return: bool,
+/// The scrub's share of the CPUs: it works at the program's own priority (`SCHED_OTHER`),
+/// and only while it finds a CPU to itself. Before each step it looks at its own scheduling
+/// (`/proc/thread-self/schedstat`): over the last [`SAMPLE`] of running and waiting, if it
+/// waited for a CPU more than a quarter of the time it ran, the machine has no idle CPU for it
+/// and it rests [`REST_MIN`], doubling up to [`REST_MAX`] while that lasts; the handlers copy
+/// meanwhile, as the kernel would zero. Never `SCHED_IDLE`: a thread at `SCHED_IDLE` that
+/// SIGKILL finds at work on a busy machine may be the process's last thread out and then runs
+/// the address space's teardown at almost no CPU (`shared/repro/round2/k_hold.c`: 22-82 s to
+/// reaped beside `stress-ng --cpu 2`, 0.2 s natively). DESIGN.md, "Exit" and "A busy
+/// machine".
+#[derive(Debug)]
+struct Share {
+    /// (ran, waited) when the current sample began.
+    mark: Option<(u64, u64)>,
+    rest: Duration,
+    until: Option<Instant>,
 }
 
-impl Priority {
-    fn work(&mut self) {
-        if !self.idle {
-            let _ = thread::make_idle();
-            self.idle = true;
+/// Running plus waiting time a verdict needs.
+const SAMPLE: Duration = Duration::from_millis(4);
+const REST_MIN: Duration = Duration::from_millis(4);
+const REST_MAX: Duration = Duration::from_millis(256);
+
+impl Share {
+    fn new() -> Share {
+        Share {
+            mark: None,
+            rest: REST_MIN,
+            until: None,
         }
     }
 
-    fn rest(&mut self) {
-        if self.idle && self.can_return {
-            self.can_return = thread::make_normal(thread::gettid());
-            self.idle = !self.can_return;
+    /// Whether the scrub may take its next step now.
+    fn allows(&mut self, stats: &Stats) -> bool {
+        let now = Instant::now();
+        // The file is read only when a rest is over.
+        if self.until.is_some_and(|t| now < t) {
+            return false;
+        }
+        let go = self.decide(thread::sched_times(), now);
+        if !go {
+            Stats::add(&stats.scrub_rests, 1);
+        }
+        go
+    }
+
+    /// [`Share::allows`], given the thread's (ran, waited) now, if known (no schedstat: always).
+    fn decide(&mut self, times: Option<(u64, u64)>, now: Instant) -> bool {
+        if let Some(t) = self.until {
+            if now < t {
+                return false;
+            }
+            self.until = None;
+            self.mark = None;
+        }
+        let Some((ran, waited)) = times else {
+            return true;
+        };
+        let Some((r0, w0)) = self.mark else {
+            self.mark = Some((ran, waited));
+            return true;
+        };
+        match verdict(ran.saturating_sub(r0), waited.saturating_sub(w0)) {
+            None => true,
+            Some(true) => {
+                self.until = Some(now + self.rest);
+                self.rest = (self.rest * 2).min(REST_MAX);
+                false
+            }
+            Some(false) => {
+                self.rest = REST_MIN;
+                self.mark = Some((ran, waited));
+                true
+            }
         }
     }
+}
+
+/// Over a sample of `ran` ns on a CPU and `waited` ns runnable: `None` while it is shorter
+/// than [`SAMPLE`], else whether the machine is busy (waited more than a quarter of ran).
+fn verdict(ran: u64, waited: u64) -> Option<bool> {
+    (ran + waited >= nanos(SAMPLE)).then_some(waited * 4 > ran)
 }
 
 fn stopping(shared: &Shared) -> bool {
@@ -438,10 +495,7 @@ fn stopping(shared: &Shared) -> bool {
 /// node's CPUs: its zeroing stores and the kernel's page clearing for its populate then run
 /// where the memory is.
 pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
-    let mut priority = Priority {
-        idle: false,
-        can_return: true,
-    };
+    let mut share = Share::new();
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pools.get(ix) else { return };
@@ -469,7 +523,6 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let mut looked = Instant::now();
     let mut recent = crate::budget::Recent::default();
     while !stopping(&shared) {
-        priority.rest();
         let requested = pool.scrub.wait(tick.min(LOOK_EVERY));
         if stopping(&shared) {
             break;
@@ -482,16 +535,15 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
             }
             shared.budget.update(&mut recent, shared.opts.purge_delay);
         }
-        let share = shared.budget.pages() / shared.pools.len() as u64;
-        shrink(&shared, pool, share);
+        let budget = shared.budget.pages() / shared.pools.len() as u64;
+        shrink(&shared, pool, budget);
         if !shared.pool_paused.load(Acquire) {
-            priority.work();
             shared.scrubs_working.fetch_add(1, Relaxed);
-            clean_dirty(&shared, pool, &mut zeroer, &clock);
+            clean_dirty(&shared, pool, &mut zeroer, &clock, &mut share);
             // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
             // round, or before any handler noticed).
             if shared.streaming.load(Acquire) && (requested || pool.available() < start) {
-                refill(&shared, pool, stop.min(share));
+                refill(&shared, pool, stop.min(budget), &mut share);
             }
             purge(&shared, pool, &mut idle);
             shared.scrubs_working.fetch_sub(1, Relaxed);
@@ -577,7 +629,7 @@ fn wait_for_quiet(shared: &Shared, pool: &Pool, reserve: u64) -> bool {
 
 /// Step 2 of a round: populates until the pool, with the dirty pages on their way, holds
 /// `stop` pages.
-fn refill(shared: &Shared, pool: &Pool, stop: u64) {
+fn refill(shared: &Shared, pool: &Pool, stop: u64, share: &mut Share) {
     let reserve = 1u64 << shared.opts.max_order;
     // Before the program's memory took a huge page, the small ring alone, to its part of
     // `stop`: the huge ring's part stays free for when it does (see `Shared::huge_wanted`).
@@ -587,7 +639,7 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64) {
         stop.min(stop * pool.share(&pool.small) / pool.capacity().max(1))
     };
     while !stopping(shared) && pool.available() + pool.dirty() < stop {
-        if !wait_for_quiet(shared, pool, reserve) {
+        if !wait_for_quiet(shared, pool, reserve) || !share.allows(&shared.stats) {
             break;
         }
         if !load_allows(shared.opts.scrub_load) {
@@ -607,5 +659,70 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64) {
                 break;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_scrub_is_busy_when_it_waited_more_than_a_quarter_of_what_it_ran() {
+        assert_eq!(verdict(2 * MS, MS), None, "a sample under 4 ms gives no verdict");
+        assert_eq!(verdict(4 * MS, 0), Some(false));
+        assert_eq!(verdict(4 * MS, MS), Some(false), "a quarter exactly is not busy");
+        assert_eq!(verdict(4 * MS, MS + 1), Some(true));
+        assert_eq!(
+            verdict(2 * MS, 2 * MS),
+            Some(true),
+            "a CPU shared half and half is busy"
+        );
+    }
+
+    #[test]
+    fn the_scrub_rests_longer_while_the_machine_stays_busy_and_starts_over_when_not() {
+        let t0 = Instant::now();
+        let mut s = Share::new();
+        assert!(s.decide(None, t0), "no schedstat: always");
+        assert!(s.decide(Some((0, 0)), t0), "the first look marks");
+        assert!(s.decide(Some((MS, 0)), t0), "no verdict yet");
+        // Waited as long as it ran: rests REST_MIN, then twice that, up to REST_MAX.
+        assert!(!s.decide(Some((4 * MS, 4 * MS)), t0));
+        assert!(!s.decide(Some((4 * MS, 4 * MS)), t0 + REST_MIN / 2), "still resting");
+        let mut at = t0 + REST_MIN;
+        let mut times = (4 * MS, 4 * MS);
+        assert!(s.decide(Some(times), at), "the rest is over: a new mark");
+        let mut rest = REST_MIN * 2;
+        for _ in 0..10 {
+            times = (times.0 + 4 * MS, times.1 + 4 * MS);
+            assert!(!s.decide(Some(times), at));
+            assert!(!s.decide(Some(times), at + rest - Duration::from_micros(1)));
+            at += rest;
+            assert!(s.decide(Some(times), at));
+            rest = (rest * 2).min(REST_MAX);
+        }
+        assert_eq!(s.rest, REST_MAX);
+        // A sample with a CPU to itself: the next rest is short again.
+        times = (times.0 + 8 * MS, times.1);
+        assert!(s.decide(Some(times), at));
+        assert_eq!(s.rest, REST_MIN);
+    }
+
+    #[test]
+    fn this_thread_reads_its_own_scheduling_times() {
+        let (ran, _) = thread::sched_times().expect("/proc/thread-self/schedstat");
+        // 20 ms on a CPU, however long that takes on a loaded machine.
+        let clock = thread::ThreadClock::current();
+        let c0 = clock.read();
+        while clock.read() - c0 < Duration::from_millis(20) {
+            std::hint::spin_loop();
+        }
+        let (later, _) = thread::sched_times().unwrap();
+        assert!(
+            later >= ran + 10 * MS,
+            "ran {ran} ns, then {later} ns after 20 ms of CPU"
+        );
     }
 }

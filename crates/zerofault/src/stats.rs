@@ -248,6 +248,9 @@ counters! {
     faults_in_other_windows,
     /// Scrub rounds skipped because the load average was above scrub_load.
     scrub_load_skips,
+    /// Times the scrub found no CPU to itself (it waited to run more than a quarter of the
+    /// time it ran) and rested instead of working.
+    scrub_rests,
     /// Handler threads that panicked (the engine then failed open).
     handler_panics,
 }

@@ -54,8 +54,8 @@ fn sequential_writes_are_served_zero_from_the_pool_in_growing_windows() {
     let e = engine_with(&[]);
     // The prefill splits its pages 1:3 between the 4 KiB and the huge ring; these windows
     // take a little more than a quarter as 4 KiB pages (4608 of 16384), which the scrub
-    // usually adds while the touch runs, but not when the machine is loaded (it runs at
-    // SCHED_IDLE): some slack keeps every page a moved one.
+    // usually adds while the touch runs, but not when the machine is loaded (it rests then):
+    // some slack keeps every page a moved one.
     e.prefill(80 * MIB).unwrap();
     let mut r = e.map(64 * MIB).unwrap();
     assert_eq!(touch_and_check(&mut r, 0..64 * MIB / PAGE_SIZE), 0);
@@ -450,8 +450,8 @@ fn an_empty_pool_falls_back_to_copies_then_refills() {
     assert_eq!(touch_and_check(&mut r, 0..256 * MIB / PAGE_SIZE), 0);
     let s = e.stats();
     assert!(s.copy_pool_empty > 0, "{}", s.to_text());
-    // The scrub runs at SCHED_IDLE: on a loaded machine (the rest of the suite) it may get its
-    // first CPU only after the touch. Woken is what this checks, not how soon it ran.
+    // The scrub rests while it finds no CPU to itself: on a loaded machine (the rest of the
+    // suite) it may start only after the touch. Woken is what this checks, not how soon it ran.
     let t0 = Instant::now();
     while e.stats().pool_refills == 0 && t0.elapsed() < Duration::from_secs(5) {
         std::thread::sleep(Duration::from_millis(5));

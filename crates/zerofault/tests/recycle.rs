@@ -228,8 +228,8 @@ fn pausing_and_protecting_the_pool_while_the_scrub_works_hands_out_only_zero_pag
     let t0 = Instant::now();
     let mut bad = 0;
     // 3 s, and on until the scrub has zeroed something while the toggling goes on (at most
-    // 30 s): it runs at SCHED_IDLE, and with the other tests of this file running beside this
-    // one on 2 CPUs it once got 6 ms of CPU in the 3 s (seen in CI).
+    // 30 s): it rests while it finds no CPU to itself, and with the other tests of this file
+    // running beside this one on 2 CPUs it once got 6 ms of CPU in the 3 s (seen in CI).
     while t0.elapsed() < Duration::from_secs(3)
         || (e.stats().pages_scrubbed == 0 && t0.elapsed() < Duration::from_secs(30))
     {

@@ -77,6 +77,9 @@ const FAILED_POLL: Duration = Duration::from_millis(50);
 /// The body of handler thread `index` (of `Options::handler_count`).
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     shared.live_handlers.fetch_add(1, AcqRel);
+    // A fault waits for this thread to wake: on a busy CPU, not a slice behind the thread
+    // running there (DESIGN.md, "A busy machine").
+    crate::sys::thread::short_slice();
     let mut fail_open = FailOpen {
         shared: &shared,
         index,
