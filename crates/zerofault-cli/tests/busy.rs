@@ -6,10 +6,13 @@
 mod common;
 
 use common::{cc, run, temp_dir, zerofault, Running};
-use std::process::{Child, Command};
+use std::os::unix::process::CommandExt;
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// `n` shell loops burning CPU at normal priority, killed when dropped.
+/// `n` shell loops burning CPU at normal priority, killed when dropped (or when the test
+/// process dies: parent-death signal).
 struct Hogs(Vec<Child>);
 
 impl Hogs {
@@ -17,15 +20,27 @@ impl Hogs {
         Hogs(
             (0..n)
                 .map(|_| {
-                    Command::new("sh")
-                        .args(["-c", "while :; do :; done"])
-                        .spawn()
-                        .expect("sh")
+                    let mut c = Command::new("sh");
+                    c.args(["-c", "while :; do :; done"])
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .stderr(Stdio::null());
+                    // SAFETY: prctl is async-signal-safe and changes only the child.
+                    unsafe {
+                        c.pre_exec(|| {
+                            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                            Ok(())
+                        })
+                    };
+                    c.spawn().expect("sh")
                 })
                 .collect(),
         )
     }
 }
+
+/// The tests of this file one at a time: each wants two hogs, not four.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 impl Drop for Hogs {
     fn drop(&mut self) {
@@ -48,6 +63,7 @@ const PAIRS: usize = 3;
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn a_map_write_unmap_loop_beside_two_hogs_ends_within_twice_its_native_time() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir("busy-loop");
     let prog = cc("exits", &dir, false);
     let _hogs = Hogs::start(2);
@@ -74,12 +90,12 @@ fn a_map_write_unmap_loop_beside_two_hogs_ends_within_twice_its_native_time() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// SIGKILL to a process holding 1 GiB it wrote, a second after two hogs started (the engine's
-/// scrub is refilling the pool then): from the kill to the process gone, its memory torn
-/// down. Within twice native, and half a second (native is ~0.1 s, mostly noise).
+/// SIGKILL to a process holding 1 GiB it wrote, a second after two hogs started: from the
+/// kill to the process gone, its memory torn down. Within twice native, and half a second (native is ~0.1 s, mostly noise).
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn a_sigkilled_process_beside_two_hogs_is_gone_within_twice_its_native_time() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir("busy-kill");
     let prog = cc("exits", &dir, false);
     let killed = |cmd: &mut Command| -> f64 {

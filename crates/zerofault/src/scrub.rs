@@ -72,8 +72,9 @@ impl ScrubCtl {
 
 /// Whether the load gate lets the scrub run now.
 fn load_allows(limit: Option<f64>) -> bool {
-    match (limit, thread::loadavg_1min()) {
-        (Some(limit), Some(load)) => load / thread::online_cpus() as f64 <= limit,
+    // The knob first: reading /proc/loadavg allocates.
+    match limit.map(|l| (l, thread::loadavg_1min())) {
+        Some((limit, Some(load))) => load / thread::online_cpus() as f64 <= limit,
         _ => true,
     }
 }
@@ -193,7 +194,7 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
     // The pairs whose clean ring took nothing more this round (see `Pool::next_dirty`).
     let mut done = [false; 2];
     loop {
-        if stopping(shared) || !share.allows(stats) {
+        if stopping(shared) || !share.allows(clock, stats) {
             return worked;
         }
         // One batch at a time under the pool's work lock, peeked under it: a release or the
@@ -201,6 +202,7 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
         let Some(_step) = pool.step(&shared.pool_paused) else {
             return worked;
         };
+        park(shared);
         let Some((i, dirty, clean, b)) = pool.next_dirty(done) else {
             return worked;
         };
@@ -405,7 +407,8 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
 
 /// The scrub's share of the CPUs: it works at the program's own priority (`SCHED_OTHER`),
 /// and only while it finds a CPU to itself. Before each step it looks at its own scheduling
-/// (`/proc/thread-self/schedstat`): over the last [`SAMPLE`] of running and waiting, if it
+/// (its CPU time, and its wait for a CPU in `/proc/thread-self/schedstat`): over the last
+/// [`SAMPLE`] of running and waiting, if it
 /// waited for a CPU more than a quarter of the time it ran, the machine has no idle CPU for it
 /// and it rests [`REST_MIN`], doubling up to [`REST_MAX`] while that lasts; the handlers copy
 /// meanwhile, as the kernel would zero. Never `SCHED_IDLE`: a thread at `SCHED_IDLE` that
@@ -435,18 +438,26 @@ impl Share {
         }
     }
 
-    /// Whether the scrub may take its next step now.
-    fn allows(&mut self, stats: &Stats) -> bool {
+    /// Whether the scrub may take its next step now (`clock`: the scrub's CPU time).
+    fn allows(&mut self, clock: &thread::ThreadClock, stats: &Stats) -> bool {
         let now = Instant::now();
         // The file is read only when a rest is over.
         if self.until.is_some_and(|t| now < t) {
             return false;
         }
-        let go = self.decide(thread::sched_times(), now);
+        // Its CPU time from the clock: schedstat's lags by up to a tick (4-10 ms), as long as
+        // a sample.
+        let times = thread::run_delay().map(|w| (nanos(clock.read()), w));
+        let go = self.decide(times, now);
         if !go {
             Stats::add(&stats.scrub_rests, 1);
         }
         go
+    }
+
+    /// How long the current rest still lasts, if resting.
+    fn resting_for(&self, now: Instant) -> Option<Duration> {
+        self.until.map(|t| t.saturating_duration_since(now))
     }
 
     /// [`Share::allows`], given the thread's (ran, waited) now, if known (no schedstat: always).
@@ -487,6 +498,19 @@ fn verdict(ran: u64, waited: u64) -> Option<bool> {
     (ran + waited >= nanos(SAMPLE)).then_some(waited * 4 > ran)
 }
 
+/// Stays here while a test parks the scrub ([`crate::Engine::park_scrub`]), in the middle of
+/// a step (the caller holds the pool's work lock).
+fn park(shared: &Shared) {
+    if !shared.scrub_parked.load(Acquire) {
+        return;
+    }
+    shared.scrubs_parked.fetch_add(1, AcqRel);
+    while shared.scrub_parked.load(Acquire) && !stopping(shared) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    shared.scrubs_parked.fetch_sub(1, AcqRel);
+}
+
 fn stopping(shared: &Shared) -> bool {
     shared.stopping.load(Acquire) || shared.failed.load(Acquire)
 }
@@ -496,6 +520,8 @@ fn stopping(shared: &Shared) -> bool {
 /// where the memory is.
 pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let mut share = Share::new();
+    // Started by a program thread, it has that thread's policy: not a real-time one.
+    thread::leave_realtime();
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pools.get(ix) else { return };
@@ -522,8 +548,16 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     };
     let mut looked = Instant::now();
     let mut recent = crate::budget::Recent::default();
+    // A request that came while the scrub rested: taken up when the rest is over.
+    let mut deferred = false;
     while !stopping(&shared) {
-        let requested = pool.scrub.wait(tick.min(LOOK_EVERY));
+        let mut wait = tick.min(LOOK_EVERY);
+        if deferred {
+            if let Some(r) = share.resting_for(Instant::now()) {
+                wait = wait.min(r + Duration::from_millis(1));
+            }
+        }
+        let requested = pool.scrub.wait(wait) || deferred;
         if stopping(&shared) {
             break;
         }
@@ -543,11 +577,12 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
             // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
             // round, or before any handler noticed).
             if shared.streaming.load(Acquire) && (requested || pool.available() < start) {
-                refill(&shared, pool, stop.min(budget), &mut share);
+                refill(&shared, pool, stop.min(budget), &clock, &mut share);
             }
             purge(&shared, pool, &mut idle);
             shared.scrubs_working.fetch_sub(1, Relaxed);
         }
+        deferred = requested && share.resting_for(Instant::now()).is_some();
         let now = clock.read();
         Stats::add(&shared.stats.scrub_cpu_ns, nanos(now - counted));
         counted = now;
@@ -629,7 +664,7 @@ fn wait_for_quiet(shared: &Shared, pool: &Pool, reserve: u64) -> bool {
 
 /// Step 2 of a round: populates until the pool, with the dirty pages on their way, holds
 /// `stop` pages.
-fn refill(shared: &Shared, pool: &Pool, stop: u64, share: &mut Share) {
+fn refill(shared: &Shared, pool: &Pool, stop: u64, clock: &thread::ThreadClock, share: &mut Share) {
     let reserve = 1u64 << shared.opts.max_order;
     // Before the program's memory took a huge page, the small ring alone, to its part of
     // `stop`: the huge ring's part stays free for when it does (see `Shared::huge_wanted`).
@@ -639,7 +674,7 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64, share: &mut Share) {
         stop.min(stop * pool.share(&pool.small) / pool.capacity().max(1))
     };
     while !stopping(shared) && pool.available() + pool.dirty() < stop {
-        if !wait_for_quiet(shared, pool, reserve) || !share.allows(&shared.stats) {
+        if !wait_for_quiet(shared, pool, reserve) || !share.allows(clock, &shared.stats) {
             break;
         }
         if !load_allows(shared.opts.scrub_load) {
@@ -711,18 +746,9 @@ mod tests {
     }
 
     #[test]
-    fn this_thread_reads_its_own_scheduling_times() {
-        let (ran, _) = thread::sched_times().expect("/proc/thread-self/schedstat");
-        // 20 ms on a CPU, however long that takes on a loaded machine.
-        let clock = thread::ThreadClock::current();
-        let c0 = clock.read();
-        while clock.read() - c0 < Duration::from_millis(20) {
-            std::hint::spin_loop();
-        }
-        let (later, _) = thread::sched_times().unwrap();
-        assert!(
-            later >= ran + 10 * MS,
-            "ran {ran} ns, then {later} ns after 20 ms of CPU"
-        );
+    fn this_thread_reads_how_long_it_waited_for_a_cpu() {
+        let a = thread::run_delay().expect("/proc/thread-self/schedstat");
+        std::thread::yield_now();
+        assert!(thread::run_delay().unwrap() >= a);
     }
 }

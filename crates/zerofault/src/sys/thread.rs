@@ -587,49 +587,94 @@ impl EngineThread {
     }
 }
 
-/// Asks the scheduler for the shortest time slice it grants (EEVDF's custom slice, Linux
-/// 6.12: `sched_setattr` with `sched_runtime`, 0.1 ms), at the thread's own policy and nice:
-/// a thread that wakes with a shorter slice has an earlier deadline and runs at once where
-/// one with the default slice (3 ms) waits behind the thread on the CPU. Its share of the CPU
-/// stays what its nice gives. For a thread that runs briefly each time it wakes (a fault
-/// handler). Whether it took (older kernels refuse the attribute, or ignore it).
-pub(crate) fn short_slice() -> bool {
-    // SAFETY: getpriority of our own thread; no pointer.
-    let Ok(nice) = (unsafe { raw::call(libc::SYS_getpriority, [libc::PRIO_PROCESS as usize, 0, 0, 0, 0, 0]) }) else {
-        return false;
-    };
-    // The raw system call returns 20 - nice.
-    let nice = 20 - i32::try_from(nice).unwrap_or(20);
-    #[repr(C)]
-    struct SchedAttr {
-        size: u32,
-        policy: u32,
-        flags: u64,
-        nice: i32,
-        priority: u32,
-        runtime: u64,
-        deadline: u64,
-        period: u64,
+/// `struct sched_attr`, its first version (48 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+}
+
+const SCHED_ATTR_SIZE: u32 = 48;
+const _: () = assert!(std::mem::size_of::<SchedAttr>() == SCHED_ATTR_SIZE as usize);
+/// `SCHED_FLAG_RESET_ON_FORK`: the one flag carried over.
+const RESET_ON_FORK: u64 = 1;
+
+/// The calling thread's scheduling attributes (`sched_getattr`).
+fn sched_attr() -> Option<SchedAttr> {
+    let mut attr = SchedAttr::default();
+    // SAFETY: sched_getattr of the calling thread (0) into a buffer of the size passed.
+    unsafe {
+        raw::call(
+            libc::SYS_sched_getattr,
+            [
+                0,
+                &mut attr as *mut SchedAttr as usize,
+                SCHED_ATTR_SIZE as usize,
+                0,
+                0,
+                0,
+            ],
+        )
     }
-    const _: () = assert!(std::mem::size_of::<SchedAttr>() == 48);
-    let attr = SchedAttr {
-        size: 48, // SCHED_ATTR_SIZE_VER0
-        policy: libc::SCHED_OTHER as u32,
-        flags: 0,
-        nice,
-        priority: 0,
-        runtime: 100_000,
-        deadline: 0,
-        period: 0,
-    };
+    .ok()?;
+    Some(attr)
+}
+
+fn set_sched_attr(attr: &SchedAttr) -> bool {
     // SAFETY: sched_setattr on the calling thread (0) with a valid, sized attribute.
     unsafe {
         raw::call(
             libc::SYS_sched_setattr,
-            [0, &attr as *const SchedAttr as usize, 0, 0, 0, 0],
+            [0, attr as *const SchedAttr as usize, 0, 0, 0, 0],
         )
     }
     .is_ok()
+}
+
+/// Asks the scheduler for the shortest time slice it grants (EEVDF's custom slice, Linux
+/// 6.12: `sched_runtime` 0.1 ms) at the thread's own policy and nice: a thread that wakes with
+/// a shorter slice has an earlier deadline and runs at once where one with the default slice
+/// (3 ms) waits behind the thread on the CPU. Its share of the CPU stays what its nice gives.
+/// For a thread that runs briefly each time it wakes (a fault handler). Only a thread at
+/// `SCHED_OTHER` or `SCHED_BATCH`: any other policy is the program's choice (real-time, idle,
+/// sched_ext) and is left as it is. Whether it took (older kernels refuse the attribute).
+pub(crate) fn short_slice() -> bool {
+    let Some(now) = sched_attr() else { return false };
+    if now.policy != libc::SCHED_OTHER as u32 && now.policy != libc::SCHED_BATCH as u32 {
+        return false;
+    }
+    set_sched_attr(&SchedAttr {
+        size: SCHED_ATTR_SIZE,
+        policy: now.policy,
+        flags: now.flags & RESET_ON_FORK,
+        nice: now.nice,
+        runtime: 100_000,
+        ..SchedAttr::default()
+    })
+}
+
+/// Leaves a real-time policy (`SCHED_FIFO`, `SCHED_RR`) the thread inherited from the
+/// program's thread that started it, for `SCHED_OTHER` at its nice: for a thread that works
+/// in the background (the scrub), which at a real-time priority would take the CPU from
+/// every normal thread, the program's included. Any other policy is left as it is.
+pub(crate) fn leave_realtime() {
+    let Some(now) = sched_attr() else { return };
+    if now.policy == libc::SCHED_FIFO as u32 || now.policy == libc::SCHED_RR as u32 {
+        set_sched_attr(&SchedAttr {
+            size: SCHED_ATTR_SIZE,
+            policy: libc::SCHED_OTHER as u32,
+            flags: now.flags & RESET_ON_FORK,
+            nice: now.nice,
+            ..SchedAttr::default()
+        });
+    }
 }
 
 /// Waits (at most a second) until none of `tids` is a thread of this process any more. A
@@ -702,13 +747,17 @@ pub(crate) fn llc_bytes() -> Option<usize> {
     best.map(|(_, s)| s)
 }
 
-/// The calling thread's time on a CPU and time spent runnable waiting for one, in ns
-/// (`/proc/thread-self/schedstat`, CONFIG_SCHED_INFO), read with raw system calls.
-pub(crate) fn sched_times() -> Option<(u64, u64)> {
+/// How long, in all, the calling thread waited runnable for a CPU, in ns (the second field
+/// of `/proc/thread-self/schedstat`, CONFIG_SCHED_INFO), read with raw system calls.
+pub(crate) fn run_delay() -> Option<u64> {
     let mut buf = [0u8; 128];
     let n = super::numa::read_small(b"/proc/thread-self/schedstat\0", &mut buf)?;
-    let mut f = std::str::from_utf8(&buf[..n]).ok()?.split_whitespace();
-    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+    std::str::from_utf8(&buf[..n])
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// The 1-minute load average (from /proc/loadavg), if readable.
