@@ -119,6 +119,10 @@ pub(crate) struct Shared {
     /// The pool is emptied and not refilled, and faults are served by copies (see
     /// [`Engine::pause_pool`]).
     pub(crate) pool_paused: AtomicBool,
+    /// Tests only ([`Engine::park_scrub`]): each scrub thread stops in its next step, holding
+    /// its pool's work lock, until cleared; `scrubs_parked` counts those stopped.
+    pub(crate) scrub_parked: AtomicBool,
+    pub(crate) scrubs_parked: AtomicU32,
     /// One registered page per handler, outside every range, from this address on:
     /// [`Engine`]'s drop reads them one after the other, and each fault wakes one handler to
     /// see `stopping` and leave after answering it (the engine holds no descriptor but the
@@ -461,6 +465,8 @@ impl Engine {
             failed: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
+            scrub_parked: AtomicBool::new(false),
+            scrubs_parked: AtomicU32::new(0),
             thp_disabled: AtomicBool::new(sys::thread::thp_disabled()),
             huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),
@@ -924,6 +930,28 @@ impl Engine {
         }
     }
 
+    /// For tests: stops every scrub thread in the middle of its next step, holding its pool's
+    /// work lock (as a scrub the scheduler never runs would), or lets them go on (`false`).
+    /// Returns whether every scrub thread is parked (waits at most 5 s), or, for `false`,
+    /// true at once. The fault path must make progress all the while (rule 7).
+    #[doc(hidden)]
+    pub fn park_scrub(&self, parked: bool) -> bool {
+        self.shared.scrub_parked.store(parked, Release);
+        if !parked {
+            return true;
+        }
+        let want = u32::try_from(self.threads.lock().unwrap_or_else(|e| e.into_inner()).scrubbers.len()).unwrap_or(0);
+        let t0 = std::time::Instant::now();
+        while self.shared.scrubs_parked.load(Acquire) < want {
+            if t0.elapsed() > std::time::Duration::from_secs(5) {
+                return false;
+            }
+            self.shared.kick_scrubs();
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        true
+    }
+
     fn rw_reservations(&self) -> Vec<(usize, usize)> {
         let mut v = vec![];
         for p in &self.shared.pools {
@@ -1225,6 +1253,8 @@ impl Shared {
             failed: AtomicBool::new(false),
             streaming: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
+            scrub_parked: AtomicBool::new(false),
+            scrubs_parked: AtomicU32::new(0),
             thp_disabled: AtomicBool::new(false),
             huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),

@@ -398,6 +398,39 @@ fn with_no_scrub_the_handler_makes_its_own_huge_pages() {
     assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
 }
 
+/// The fault path never waits for the scrub (rule 7): with every scrub thread stopped in the
+/// middle of a step, holding its pool's work lock, a writer that maps, touches and recycles
+/// 64 MiB four times gets every page, zero, through the handler alone.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn the_handler_serves_every_fault_while_the_scrub_is_stopped_mid_step() {
+    let e = engine_with(&[("pool_max", "16M"), ("scrub_stop", "16M"), ("scrub_start", "8M")]);
+    e.prefill(16 * MIB).unwrap();
+    assert!(e.park_scrub(true), "the scrub parks");
+    let before = e.stats();
+    let pages = 64 * MIB / PAGE_SIZE;
+    for round in 0..4 {
+        let mut r = e.map(64 * MIB).unwrap();
+        assert_eq!(touch_and_check(&mut r, 0..pages), 0, "round {round}");
+        r.recycle(0, r.len()).unwrap();
+    }
+    let s = e.stats();
+    assert!(e.park_scrub(false));
+    assert_eq!(s.pages_scrubbed, before.pages_scrubbed, "parked: {}", s.to_text());
+    assert_eq!(s.pool_pages_filled, before.pool_pages_filled, "parked: {}", s.to_text());
+    assert_eq!(
+        s.pages_served() - before.pages_served(),
+        4 * pages as u64,
+        "{}",
+        s.to_text()
+    );
+    assert!(
+        s.copy_pool_empty > 0,
+        "the pool ran dry and the handler copied: {}",
+        s.to_text()
+    );
+}
+
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn discarding_part_of_a_huge_page_and_touching_it_again_reads_zero_and_keeps_the_rest() {
