@@ -56,6 +56,7 @@ pub(crate) const SPEC: Spec = Spec {
         ("touch", true),
         ("loop", true),
         ("busy", true),
+        ("procs", true),
         ("format", true),
         ("plot", true),
         ("pin", false),
@@ -255,6 +256,8 @@ pub(crate) struct BenchArgs {
     pub(crate) loops: u32,
     /// `--busy N`: N CPU hogs at normal priority, in processes of their own, for the whole run.
     pub(crate) busy: u32,
+    /// `--procs N`: N bench processes at once, each timed run started together (procs.rs).
+    pub(crate) procs: u32,
     pub(crate) format: Format,
     pub(crate) plot: Option<PathBuf>,
     pub(crate) pin: bool,
@@ -273,6 +276,7 @@ impl Default for BenchArgs {
             touch: 1.0,
             loops: 1,
             busy: 0,
+            procs: 1,
             format: Format::Table,
             plot: None,
             pin: false,
@@ -323,6 +327,7 @@ pub(crate) fn parse(args: &[String]) -> Result<BenchArgs, String> {
         })?,
         loops: p.get("loop", 1, "an integer 1..=1000", int_in(1, 1000))? as u32,
         busy: p.get("busy", 0, "an integer 0..=1024 (CPU hogs)", int_in(0, 1024))? as u32,
+        procs: p.get("procs", 1, "an integer 1..=64 (bench processes at once)", int_in(1, 64))? as u32,
         format: p.get("format", d.format, "table, json or csv", |s| match s {
             "table" => Some(Format::Table),
             "json" => Some(Format::Json),
@@ -344,6 +349,12 @@ impl BenchArgs {
 
     /// Relations between flags.
     pub(crate) fn check(&self) -> Result<(), String> {
+        if self.procs > 1 && self.plot.is_some() {
+            return Err("--plot does not go with --procs: it prints a table or JSON".into());
+        }
+        if self.procs > 1 && self.format == Format::Csv {
+            return Err("--format csv does not go with --procs: it prints a table or JSON".into());
+        }
         let most = self.threads.iter().copied().max().unwrap_or(1);
         if self.bytes() / PAGE_SIZE < most {
             return Err(format!(
@@ -445,6 +456,7 @@ fn timed_touch(base: usize, jobs: Vec<Job>, cachelines: usize) -> Result<(f64, f
         })
         .collect();
     std::thread::sleep(Duration::from_millis(5)); // let every thread reach the barrier
+    crate::procs::wait_for_go(); // --procs: every process's timed part starts together
     let (u0, s0) = process_cpu_time();
     let t0 = Instant::now();
     barrier.wait();
@@ -657,6 +669,7 @@ fn run_loop_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, 
             })
             .collect();
         std::thread::sleep(Duration::from_millis(5)); // let every thread reach the barrier
+        crate::procs::wait_for_go(); // --procs: every process's timed part starts together
         let (u0, s0) = process_cpu_time();
         let t0 = Instant::now();
         barrier.wait();
@@ -774,7 +787,7 @@ pub(crate) fn check_memory(a: &BenchArgs) -> Result<(), String> {
     } else {
         1
     };
-    let need = a.bytes() * copies;
+    let need = a.bytes() * copies * a.procs as usize;
     match mem_available() {
         Some(avail) if need > avail / 10 * 9 => Err(format!(
             "--gb {} is too large here: a run needs {:.1} GiB (its memory{}) and {:.1} GiB is available",
@@ -882,6 +895,7 @@ mod tests {
         assert_eq!(a.plot, Some(PathBuf::from("x.PNG")));
         assert_eq!(a.runs(), 4 * 3 * 7 * 5);
         assert_eq!(a.busy, 2);
+        assert_eq!(parse(&args("--procs 4 --format json")).unwrap().procs, 4);
         assert_eq!(parse(&[]).unwrap().busy, 0);
     }
 
@@ -913,6 +927,10 @@ mod tests {
             ("--busy x", "--busy"),
             ("--busy 1025", "--busy"),
             ("--busy -1", "--busy"),
+            ("--procs 0", "--procs"),
+            ("--procs 65", "--procs"),
+            ("--procs 2 --plot x.svg", "--plot does not go with --procs"),
+            ("--procs 2 --format csv", "--format csv does not go with --procs"),
             ("--format xml", "--format"),
             ("--plot x.pdf", "--plot"),
             ("--pin=1", "--pin takes no value"),

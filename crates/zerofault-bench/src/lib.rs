@@ -28,6 +28,7 @@ mod flush;
 mod machine;
 mod output;
 mod plot;
+mod procs;
 mod progress;
 mod report;
 mod sys;
@@ -41,6 +42,9 @@ pub use zeroing::run_bench_zero;
 /// plot if asked; an error is one line.
 pub fn run_bench(rest: &[String]) -> Result<(), String> {
     let a = bench::parse(rest)?;
+    if a.procs > 1 {
+        return procs::run(&a, rest);
+    }
     if let Some(path) = &a.plot {
         // Find out now, not after the whole run, that the plot cannot be written.
         std::fs::File::create(path).map_err(|e| format!("--plot {}: {e}", path.display()))?;

@@ -63,6 +63,7 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
         touch: 1.0,
         loops: 1,
         busy: 0,
+        procs: 1,
         format: Format::Table,
         plot: None,
         pin: false,

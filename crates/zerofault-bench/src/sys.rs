@@ -137,7 +137,9 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
 }
 
 /// CPU hogs for `--busy N`: processes of their own, each spinning at normal priority on
-/// arithmetic, until dropped (SIGKILL, then reaped). A hog whose parent dies goes with it.
+/// arithmetic, until dropped (SIGKILL, then reaped). A hog whose parent dies goes with it
+/// (`PR_SET_PDEATHSIG`, which follows the thread that forked it: start hogs from a thread that
+/// outlives them).
 #[derive(Debug)]
 pub(crate) struct Hogs(Vec<libc::pid_t>);
 

@@ -12,9 +12,11 @@ zerofault: serve anonymous page faults from a pre-zeroed pool (userfaultfd)
 
 usage:
   zerofault bench  [--gb F] [--reps N] [--threads LIST] [--cachelines LIST] [--mode LIST]
-                   [--pattern seq|random|stride:K] [--touch F] [--pin] [--quiet]
-                   [--format table|json|csv] [--plot FILE.svg|FILE.png]
+                   [--pattern seq|random|stride:K] [--touch F] [--loop N] [--pin] [--quiet]
+                   [--busy N] [--procs N] [--format table|json|csv] [--plot FILE.svg|FILE.png]
       pft: first-touch fault rate of the engine against the kernel. LIST: 1,2,4 or 1..4.
+      --loop N: allocate, touch, free N times; --busy N: N CPU hogs beside the run;
+      --procs N: N bench processes at once, each one's wall and the slowest.
       modes: native, thp, populate, engine, engine-cold, floor, engine:KNOB=VALUE[:KNOB=VALUE]
   zerofault bench-zero
       GB/s of each zeroing method (kernel, stosb, nt, clzero), 4 KiB and 2 MiB calls, cold and cached

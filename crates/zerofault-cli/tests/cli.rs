@@ -255,6 +255,55 @@ fn bench_kernel_modes_csv_and_table() {
     assert!(out.contains("fault/wsec relative to native"), "{out}");
 }
 
+/// `--procs N --busy N`: N bench processes at once beside the hogs, each one's wall per mode
+/// (a loop of two rounds, as the busy-machine figures are taken) and the slowest; no bench
+/// process left behind.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn bench_procs_runs_processes_at_once_and_gives_each_ones_wall_and_the_slowest() {
+    let args = "bench --gb 0.03125 --loop 2 --reps 2 --procs 3 --busy 1 --mode native,engine --format json";
+    let o = zerofault(&args.split(' ').collect::<Vec<_>>(), &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(
+        (out["procs"].as_u64(), out["busy"].as_u64()),
+        (Some(3), Some(1)),
+        "{out}"
+    );
+    let rows = out["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{out}");
+    for (r, mode) in rows.iter().zip(["native", "engine"]) {
+        assert_eq!(r["mode"], mode);
+        let walls: Vec<f64> = r["wall_s"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w.as_f64().unwrap())
+            .collect();
+        assert_eq!(walls.len(), 3, "{r}");
+        assert!(walls.iter().all(|&w| w > 0.0), "{r}");
+        let slowest = r["slowest_s"].as_f64().unwrap();
+        assert_eq!(slowest, walls.iter().copied().fold(0.0, f64::max), "{r}");
+    }
+    let native = rows[0]["slowest_s"].as_f64().unwrap();
+    let engine = &rows[1];
+    let ratio = engine["ratio_to_native"].as_f64().unwrap();
+    assert!(
+        (ratio - native / engine["slowest_s"].as_f64().unwrap()).abs() < 1e-9,
+        "{out}"
+    );
+    // No bench process left behind: none has the handshake's variable in its environment.
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(env) = std::fs::read(e.path().join("environ")) {
+            assert!(
+                !env.split(|&b| b == 0).any(|v| v.starts_with(b"ZEROFAULT_BENCH_SYNC=")),
+                "left behind: {:?}",
+                e.path()
+            );
+        }
+    }
+}
+
 /// `--loop N`: every round of every thread counted, and the engine's pages recycled and zeroed
 /// by the scrub between rounds (its counters say so).
 #[test]
