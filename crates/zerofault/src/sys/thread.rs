@@ -644,7 +644,8 @@ fn set_sched_attr(attr: &SchedAttr) -> bool {
 /// (3 ms) waits behind the thread on the CPU. Its share of the CPU stays what its nice gives.
 /// For a thread that runs briefly each time it wakes (a fault handler). Only a thread at
 /// `SCHED_OTHER` or `SCHED_BATCH`: any other policy is the program's choice (real-time, idle,
-/// sched_ext) and is left as it is. Whether it took (older kernels refuse the attribute).
+/// sched_ext) and is left as it is. Whether the call was accepted (a kernel before 6.12
+/// accepts the attribute and ignores it).
 pub(crate) fn short_slice() -> bool {
     let Some(now) = sched_attr() else { return false };
     if now.policy != libc::SCHED_OTHER as u32 && now.policy != libc::SCHED_BATCH as u32 {
