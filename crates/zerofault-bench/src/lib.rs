@@ -18,7 +18,8 @@
 //!
 //! For the `zerofault` command: [`run_bench`] and [`run_report`] run `zerofault bench` and
 //! `zerofault report` from their arguments; [`args`] is the flag parser its other commands
-//! share; [`shuffle`] the fixed-seed permutation `verify` visits pages in.
+//! share; [`shuffle`] the fixed-seed permutation `verify` visits pages in; [`Hogs`] the CPU
+//! hogs of `--busy`.
 
 pub mod args;
 mod bench;
@@ -36,6 +37,7 @@ mod zeroing;
 
 pub use bench::shuffle;
 pub use flush::run_bench_flush;
+pub use sys::Hogs;
 pub use zeroing::run_bench_zero;
 
 /// `zerofault bench ARGS`: runs the sweep and prints its rows (table, JSON or CSV), and the

@@ -141,10 +141,10 @@ pub(crate) fn allowed_cpus() -> Vec<usize> {
 /// (`PR_SET_PDEATHSIG`, which follows the thread that forked it: start hogs from a thread that
 /// outlives them).
 #[derive(Debug)]
-pub(crate) struct Hogs(Vec<libc::pid_t>);
+pub struct Hogs(Vec<libc::pid_t>);
 
 impl Hogs {
-    pub(crate) fn start(n: u32) -> io::Result<Hogs> {
+    pub fn start(n: u32) -> io::Result<Hogs> {
         let mut hogs = Hogs(Vec::with_capacity(n as usize));
         let parent = std::process::id() as libc::pid_t;
         for _ in 0..n {

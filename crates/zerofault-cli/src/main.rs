@@ -26,7 +26,7 @@ usage:
       the headline suite; writes DIR/BENCHMARKS.md with tables, ratios and plots
   zerofault run [--stats] [--verbose] [--KNOB=VALUE ...] -- PROGRAM [ARGS]
       runs PROGRAM with the LD_PRELOAD shim: its large anonymous memory is served by the engine
-  zerofault verify [--gb F] [--threads N]
+  zerofault verify [--gb F] [--threads N] [--busy N]
       every served page reads zero before the first write, under several patterns
   zerofault options [--markdown]
       the engine's knobs (environment ZEROFAULT_<NAME>), their defaults and what they accept

@@ -15,7 +15,7 @@ use zerofault_bench::shuffle;
 
 pub const SPEC: Spec = Spec {
     command: "verify",
-    flags: &[("gb", true), ("threads", true)],
+    flags: &[("gb", true), ("threads", true), ("busy", true)],
     positional: false,
 };
 
@@ -34,6 +34,8 @@ pub const GB_ACCEPTS: &str = "a size in GiB, at least 0.00390625 (4 MiB) and at 
 pub struct VerifyArgs {
     pub gb: f64,
     pub threads: usize,
+    /// `--busy N`: N CPU hogs at normal priority beside every pattern.
+    pub busy: u32,
 }
 
 pub fn parse(args: &[String]) -> Result<VerifyArgs, String> {
@@ -41,6 +43,7 @@ pub fn parse(args: &[String]) -> Result<VerifyArgs, String> {
     Ok(VerifyArgs {
         gb: p.get("gb", 1.0, GB_ACCEPTS, gib_in(MIN_BYTES))?,
         threads: p.get("threads", 4, "an integer 2..=256", int_in(2, 256))? as usize,
+        busy: p.get("busy", 0, "an integer 0..=1024 (CPU hogs)", int_in(0, 1024))? as u32,
     })
 }
 
@@ -479,6 +482,14 @@ fn recycle_two_threads(bytes: usize, threads: usize) -> Result<Outcome, String> 
 pub fn run(a: &VerifyArgs) -> Result<(), String> {
     zerofault::probe().map_err(|e| format!("zerofault verify: needs userfaultfd: {e}"))?;
     let bytes = gib_bytes(a.gb);
+    let _hogs = zerofault_bench::Hogs::start(a.busy).map_err(|e| format!("--busy: starting a CPU hog: {e}"))?;
+    if a.busy > 0 {
+        println!(
+            "beside {} CPU hog{} at normal priority",
+            a.busy,
+            if a.busy == 1 { "" } else { "s" }
+        );
+    }
     let mut failed = 0;
     let outcomes = PATTERNS
         .iter()
@@ -560,5 +571,8 @@ mod tests {
         assert!(parse(&["--threads".into(), "1".into()])
             .unwrap_err()
             .contains("--threads"));
+        assert!(parse(&["--busy".into(), "x".into()]).unwrap_err().contains("--busy"));
+        assert_eq!(parse(&["--busy".into(), "2".into()]).unwrap().busy, 2);
+        assert_eq!(parse(&[]).unwrap().busy, 0);
     }
 }

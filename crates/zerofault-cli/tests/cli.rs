@@ -459,6 +459,18 @@ fn verify_passes_on_every_pattern() {
     }
 }
 
+/// `verify --busy 2`: every pattern still passes, and exercises its path, beside two CPU
+/// hogs (the scrub rests while they run; the patterns that need it wait for it).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn verify_passes_beside_cpu_hogs() {
+    let o = zerofault(&["verify", "--gb", "0.03125", "--busy", "2"], &[]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{out}{}", stderr(&o));
+    assert!(out.starts_with("beside 2 CPU hogs at normal priority\n"), "{out}");
+    assert!(out.contains("verify: all patterns passed"), "{out}");
+}
+
 /// The recycle patterns under every zeroing method this machine has.
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
