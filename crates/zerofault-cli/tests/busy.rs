@@ -6,50 +6,13 @@
 mod common;
 
 use common::{cc, run, temp_dir, zerofault, Running};
-use std::os::unix::process::CommandExt;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
-
-/// `n` shell loops burning CPU at normal priority, killed when dropped (or when the test
-/// process dies: parent-death signal).
-struct Hogs(Vec<Child>);
-
-impl Hogs {
-    fn start(n: usize) -> Hogs {
-        Hogs(
-            (0..n)
-                .map(|_| {
-                    let mut c = Command::new("sh");
-                    c.args(["-c", "while :; do :; done"])
-                        .stdin(Stdio::null())
-                        .stdout(Stdio::null())
-                        .stderr(Stdio::null());
-                    // SAFETY: prctl is async-signal-safe and changes only the child.
-                    unsafe {
-                        c.pre_exec(|| {
-                            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                            Ok(())
-                        })
-                    };
-                    c.spawn().expect("sh")
-                })
-                .collect(),
-        )
-    }
-}
+use zerofault_bench::Hogs;
 
 /// The tests of this file one at a time: each wants two hogs, not four.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-impl Drop for Hogs {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -66,7 +29,7 @@ fn a_map_write_unmap_loop_beside_two_hogs_ends_within_twice_its_native_time() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = temp_dir("busy-loop");
     let prog = cc("exits", &dir, false);
-    let _hogs = Hogs::start(2);
+    let _hogs = Hogs::start(2).expect("hogs");
     let limit = Duration::from_secs(120);
     let (mut native, mut shim) = (vec![], vec![]);
     for _ in 0..PAIRS {
@@ -101,7 +64,7 @@ fn a_sigkilled_process_beside_two_hogs_is_gone_within_twice_its_native_time() {
     let killed = |cmd: &mut Command| -> f64 {
         let mut r = Running::start(cmd, Duration::from_secs(120));
         r.wait_for_stdout("ready").unwrap();
-        let hogs = Hogs::start(2);
+        let hogs = Hogs::start(2).expect("hogs");
         std::thread::sleep(Duration::from_secs(1));
         let t0 = Instant::now();
         // SAFETY: kill(2) of our own running child (`zerofault run` execs the program).
