@@ -427,7 +427,7 @@ struct Share {
 /// Running plus waiting time a verdict needs.
 const SAMPLE: Duration = Duration::from_millis(4);
 const REST_MIN: Duration = Duration::from_millis(4);
-const REST_MAX: Duration = Duration::from_millis(256);
+const REST_MAX: Duration = Duration::from_millis(32);
 
 impl Share {
     fn new() -> Share {
