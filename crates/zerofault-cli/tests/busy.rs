@@ -54,7 +54,8 @@ fn a_map_write_unmap_loop_beside_two_hogs_ends_within_twice_its_native_time() {
 }
 
 /// SIGKILL to a process holding 1 GiB it wrote, a second after two hogs started: from the
-/// kill to the process gone, its memory torn down. Within twice native, and half a second (native is ~0.1 s, mostly noise).
+/// kill to the process gone, its memory torn down. Within twice native, and half a second
+/// (native is ~0.1 s, mostly noise).
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn a_sigkilled_process_beside_two_hogs_is_gone_within_twice_its_native_time() {

@@ -269,13 +269,13 @@ impl<K: Kernel> Handler<'_, K> {
         if let Some(m) = self.interleave {
             self.prefer_node(crate::nodes::interleave_node(&m, dst, 9));
         }
-        let (t0, delay0) = (Instant::now(), self.run_delay());
+        let (t0, delay0) = (Instant::now(), crate::sys::thread::run_delay());
         let populated = stage.populate();
         // Wall time less the time spent runnable but not running: preempted on a busy machine
         // (two threads writing on two CPUs), a 0.3 ms populate took 4 ms of wall and sent the
         // handler to 4 KiB copies for a second (52,735 pages copied of 65,536 in one test
         // run). Time asleep in reclaim or compaction, or a guest stalled on its host, counts.
-        let took = match (delay0, self.run_delay()) {
+        let took = match (delay0, crate::sys::thread::run_delay()) {
             (Some(a), Some(b)) => t0.elapsed().saturating_sub(Duration::from_nanos(b.saturating_sub(a))),
             _ => t0.elapsed(),
         };
@@ -316,26 +316,6 @@ impl<K: Kernel> Handler<'_, K> {
             at: p.done,
             why: p.errno.map_or(Stop::NoHugePage, Stop::Kernel),
         })
-    }
-
-    /// This thread's run delay so far (nanoseconds runnable but not running, the second field
-    /// of /proc/thread-self/schedstat); `None` without schedstats. Opened for each read: a
-    /// descriptor kept open is one a program that closes every descriptor it did not open
-    /// (a daemon starting up) would close under us, and its number reused for the program's
-    /// own file.
-    fn run_delay(&self) -> Option<u64> {
-        use std::io::Read;
-        let mut buf = [0u8; 64];
-        let n = std::fs::File::open("/proc/thread-self/schedstat")
-            .ok()?
-            .read(&mut buf)
-            .ok()?;
-        std::str::from_utf8(&buf[..n])
-            .ok()?
-            .split_whitespace()
-            .nth(1)?
-            .parse()
-            .ok()
     }
 
     /// A whole-PMD install went irregular at byte `off` of `[dst, dst + len)`: mark its PMDs

@@ -749,7 +749,10 @@ pub(crate) fn llc_bytes() -> Option<usize> {
 }
 
 /// How long, in all, the calling thread waited runnable for a CPU, in ns (the second field
-/// of `/proc/thread-self/schedstat`, CONFIG_SCHED_INFO), read with raw system calls.
+/// of `/proc/thread-self/schedstat`, CONFIG_SCHED_INFO; `None` without it), read with raw
+/// system calls. Opened for each read: a descriptor kept open is one a program that closes
+/// every descriptor it did not open (a daemon starting up) would close under us, and its
+/// number reused for the program's own file.
 pub(crate) fn run_delay() -> Option<u64> {
     let mut buf = [0u8; 128];
     let n = super::numa::read_small(b"/proc/thread-self/schedstat\0", &mut buf)?;
