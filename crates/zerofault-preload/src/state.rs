@@ -576,9 +576,8 @@ extern "C" fn fini() {
     }
     let Some(_g) = enter() else { return };
     if let Some(e) = running() {
-        // The process is exiting: its engine threads go now, while this thread has the CPU,
-        // so that the last thread out (which tears the address space down) is this one.
-        // Faults from here on are the kernel's.
+        // The process is exiting: the scrub fills nothing more and nothing waits for it;
+        // the handlers serve later destructors' faults until exit_group ends every thread.
         let _q = Quiet::new();
         e.stop_at_exit();
     }

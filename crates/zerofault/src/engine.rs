@@ -123,6 +123,9 @@ pub(crate) struct Shared {
     /// its pool's work lock, until cleared; `scrubs_parked` counts those stopped.
     pub(crate) scrub_parked: AtomicBool,
     pub(crate) scrubs_parked: AtomicU32,
+    /// Set by [`Engine::stop_at_exit`]: the scrub threads leave at their next look; the
+    /// handlers serve on until the process is gone.
+    pub(crate) exiting: AtomicBool,
     /// One registered page per handler, outside every range, from this address on:
     /// [`Engine`]'s drop reads them one after the other, and each fault wakes one handler to
     /// see `stopping` and leave after answering it (the engine holds no descriptor but the
@@ -467,6 +470,7 @@ impl Engine {
             pool_paused: AtomicBool::new(false),
             scrub_parked: AtomicBool::new(false),
             scrubs_parked: AtomicU32::new(0),
+            exiting: AtomicBool::new(false),
             thp_disabled: AtomicBool::new(sys::thread::thp_disabled()),
             huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),
@@ -1118,16 +1122,18 @@ impl Engine {
         self.fail_open_paused();
     }
 
-    /// The process is exiting (`exit`, or a return from `main`): the engine's threads leave
-    /// now, from the exiting thread, and the kernel serves every later fault. So the thread
-    /// that tears the address space down, the last one out, is the exiting one, at the
-    /// program's own priority (DESIGN.md, "Exit").
+    /// The process is exiting (`exit`, or a return from `main`): the scrub threads leave at
+    /// their next look and fill nothing more; nothing waits for them. The handlers serve on,
+    /// so that a later destructor's faults are answered, until `exit_group` ends every thread.
+    /// Whichever thread is last out tears the address space down at the program's own
+    /// priority (no engine thread is ever SCHED_IDLE), and nothing is unmapped or closed here
+    /// that the kernel's teardown would not do anyway (DESIGN.md, "Exit").
     ///
     /// # Context
-    /// The exiting program thread (a library destructor), signals blocked; as [`Engine::pause`].
+    /// The exiting program thread (a library destructor), signals blocked; waits for nothing.
     pub fn stop_at_exit(&self) {
-        self.pause();
-        self.fail_open_paused();
+        self.shared.exiting.store(true, Release);
+        self.shared.kick_scrubs();
     }
 
     /// With no thread running: fails open (the descriptor closed, the pools emptied).
@@ -1255,6 +1261,7 @@ impl Shared {
             pool_paused: AtomicBool::new(false),
             scrub_parked: AtomicBool::new(false),
             scrubs_parked: AtomicU32::new(0),
+            exiting: AtomicBool::new(false),
             thp_disabled: AtomicBool::new(false),
             huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),

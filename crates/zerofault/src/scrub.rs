@@ -512,7 +512,7 @@ fn park(shared: &Shared) {
 }
 
 fn stopping(shared: &Shared) -> bool {
-    shared.stopping.load(Acquire) || shared.failed.load(Acquire)
+    shared.stopping.load(Acquire) || shared.failed.load(Acquire) || shared.exiting.load(Acquire)
 }
 
 /// The thread's body, for pool `ix` of `Shared::pools`. A node's pool is scrubbed on that
