@@ -603,6 +603,12 @@ extern "C" fn fini() {
     if s.is_null() {
         return;
     }
+    // The handlers still run (stop_at_exit leaves them): let one in the middle of a message
+    // count it first (Engine::stats waits for that, 50 ms at most). The CPU-time counters
+    // may miss the last millisecond.
+    if let Some(e) = running() {
+        let _ = e.stats();
+    }
     // SAFETY: see start: a live MAP_SHARED Stats block.
     let snap = unsafe { &*s }.snapshot();
     if snap.pages_served() == 0 && snap.fault_events == 0 {

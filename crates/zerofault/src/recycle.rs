@@ -284,6 +284,8 @@ impl Shared {
         let recycles = self.pools.first().is_some_and(Pool::recycles)
             && !self.pool_paused.load(Acquire)
             && !self.failed.load(Acquire)
+            // Past the shim's destructor no scrub empties the dirty rings: discard, as natively.
+            && !self.exiting.load(Acquire)
             && self.pool_held() < self.budget.pages();
         if recycles {
             self.end_loans(addr, end);
