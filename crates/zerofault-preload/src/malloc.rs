@@ -17,7 +17,7 @@ fn large(size: usize, align: usize) -> Option<*mut c_void> {
         return None;
     }
     let _g = enter()?;
-    state::engine()?;
+    state::engine_for(size)?;
     arena()?
         .alloc(size, align, state::lock_future(), &header_page)
         .map(|p| p as *mut c_void)

@@ -30,7 +30,7 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
     }
     let Some(_g) = enter() else { return };
     let _q = Quiet::new();
-    let e = if big { state::engine() } else { state::running() };
+    let e = if big { state::engine_for(len) } else { state::running() };
     let Some(e) = e else { return };
     let len = len.next_multiple_of(PAGE_SIZE);
     let beside = e.serves(p.wrapping_sub(PAGE_SIZE)) || e.serves(p + len) || e.serves(p);
@@ -358,7 +358,9 @@ extern "C" fn tc_sbrk(result: *const c_void, increment: isize) {
     }
     let Some(_g) = enter() else { return };
     let _q = Quiet::new();
-    let Some(e) = state::engine() else { return };
+    let Some(e) = state::engine_for(increment as usize) else {
+        return;
+    };
     // The heap grew from the old break `result`: the whole pages past it are new.
     let start = (result as usize).next_multiple_of(PAGE_SIZE);
     let end = (result as usize + increment as usize).next_multiple_of(PAGE_SIZE);

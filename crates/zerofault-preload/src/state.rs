@@ -236,6 +236,22 @@ const START_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// Set once a wait for the start ran out (see [`engine`]).
 static START_WAIT_GAVE_UP: AtomicBool = AtomicBool::new(false);
 
+/// Bytes of the large requests made while the engine was not started (`start_after`).
+static ASKED: AtomicUsize = AtomicUsize::new(0);
+
+/// The engine for a large request of `len` bytes: [`engine`], once the large requests made so
+/// far, this one included, add up to the `start_after` knob; `None` before (the request goes to
+/// the system untouched: below that the engine's start and exit cost more than it saves).
+pub fn engine_for(len: usize) -> Option<&'static Engine> {
+    if STATE.load(Acquire) == IDLE {
+        let after = OPTIONS.get().map_or(0, |o| o.start_after);
+        if ASKED.fetch_add(len, Relaxed).saturating_add(len) < after {
+            return None;
+        }
+    }
+    engine()
+}
+
 /// The engine, started now if this is the first large request (or waited for, at most
 /// [`START_WAIT`], if another thread is starting it). `None` on engine threads, in vfork
 /// children, and when it is off.
@@ -584,17 +600,27 @@ extern "C" fn fini() {
     let Some(o) = OPTIONS.get() else { return };
     // The process that read the knobs, not a fork child of it (which shares its state).
     if o.verbose && SAY_UNUSED.load(Acquire) && STATE.load(Acquire) == IDLE && getpid() == ROOT_PID.load(Acquire) {
-        let t = o.preload_threshold;
-        let size = if t % (1 << 20) == 0 {
-            format!("{} MiB", t >> 20)
-        } else {
-            format!("{t} bytes")
+        let show = |t: usize| {
+            if t % (1 << 20) == 0 {
+                format!("{} MiB", t >> 20)
+            } else {
+                format!("{t} bytes")
+            }
         };
-        say(&format!(
-            "zerofault: engine not started in pid {}: the program made no request of {size} or more \
-             (preload_threshold)",
-            getpid()
-        ));
+        let asked = ASKED.load(Acquire);
+        let why = if asked == 0 {
+            format!(
+                "the program made no request of {} or more (preload_threshold)",
+                show(o.preload_threshold)
+            )
+        } else {
+            format!(
+                "the program's large requests added up to {}, under {} (start_after)",
+                show(asked),
+                show(o.start_after)
+            )
+        };
+        say(&format!("zerofault: engine not started in pid {}: {why}", getpid()));
     }
     if !o.stats || getpid() != ROOT_PID.load(Acquire) {
         return;

@@ -538,6 +538,11 @@ options! {
     /// are served by the engine; smaller ones go to the system untouched. At least one page
     /// (4K).
     preload_threshold: Size = "2M",
+    /// LD_PRELOAD shim: the engine starts once the program's large requests add up to this
+    /// much (or one is this large); those before it go to the system untouched, as natively.
+    /// Below it the engine's start and exit cost a short program more than its faults save
+    /// (docs/DESIGN.md, "A short program"). 0: at the first large request.
+    start_after: Size = "16M",
     /// LD_PRELOAD shim: address space reserved (not memory used) for large malloc blocks. 0:
     /// no arena (large malloc blocks go to the next allocator); otherwise at least one block:
     /// a 4K header page plus the threshold, rounded up to 2M (4M for the default threshold).

@@ -314,7 +314,9 @@ impl Shared {
         // SAFETY: the caller asked for the range to be discarded; what was moved out is a hole
         // already, and the rest goes as MADV_DONTNEED would take it.
         unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }?;
-        if mman::pt_reclaim() {
+        // Probed by the scrub at start, never here: the probe costs a short program's free
+        // 1-1.5 ms (DESIGN.md, "A short program").
+        if mman::pt_reclaim_known() == Some(true) {
             // Its whole PMDs hold no page table now: huge pages may go there again (else a
             // PMD that once took 4 KiB pages would take them for good).
             for r in self.ranges.overlapping(addr, end) {

@@ -533,6 +533,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
             let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
         }
     }
+    probe_tables(&shared, ix, pool);
     let start = pages(shared.opts.scrub_start);
     let stop = pages(shared.opts.scrub_stop);
     let mut zeroer = Zeroer::new(
@@ -569,6 +570,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
             }
             shared.budget.update(&mut recent, shared.opts.purge_delay);
         }
+        probe_tables(&shared, ix, pool);
         let budget = shared.budget.pages() / shared.pools.len() as u64;
         shrink(&shared, pool, budget);
         if !shared.pool_paused.load(Acquire) {
@@ -589,6 +591,20 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     }
     let now = clock.read();
     Stats::add(&shared.stats.scrub_cpu_ns, nanos(now.saturating_sub(counted)));
+}
+
+/// Whether the kernel frees emptied page tables, probed once by the first scrub (not on the
+/// first recycle: that is a program thread's free, sys::mman), as a step: under the pool's
+/// work lock, so that the program's `mlockall` (which takes it, `Engine::before_mlockall`)
+/// never finds the probe's 16 MiB mapped and locks it. Refused while the pool is protected
+/// or paused: looked at again every round.
+fn probe_tables(shared: &Shared, ix: usize, pool: &Pool) {
+    if ix != 0 || !pool.recycles() || mman::pt_reclaim_known().is_some() {
+        return;
+    }
+    if let Some(_step) = pool.step(&shared.pool_paused) {
+        mman::probe_pt_reclaim();
+    }
 }
 
 /// How often the first scrub thread looks whether a tracer attached to the process (a

@@ -1,7 +1,9 @@
 /* Frees what is not a live block of malloc, after printing the pointer it passes to free:
  *
- *   badfree double   frees an 8 MiB block twice
- *   badfree inner    frees a pointer 4 KiB inside an 8 MiB block
+ *   badfree double   frees a 16 MiB block twice
+ *   badfree inner    frees a pointer 4 KiB inside a 16 MiB block
+ *
+ * (16 MiB: the shim's engine, whose arena the block comes from, starts at that much.)
  *
  * glibc kills the program in free (abort, or SIGSEGV when the chunk's header is unmapped
  * already); it must never come back from that free. If it does, it says so and exits 0. */
@@ -16,7 +18,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: badfree double|inner\n");
         return 2;
     }
-    size_t len = 8u << 20;
+    size_t len = 16u << 20;
     unsigned char *a = malloc(len);
     if (!a) return 1;
     memset(a, 0xAA, len);

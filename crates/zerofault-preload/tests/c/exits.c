@@ -4,8 +4,8 @@
  *   exits hold MiB          mmap MiB, write every page, print "ready", wait to be killed
  *   exits during HOW        two threads fault fresh memory without a pause (one maps, checks
  *                           every page reads zero, writes it and unmaps 8 MiB; one does the same
- *                           through calloc and free of 4 MiB); after 20 ms main ends the
- *                           process by HOW: return (from main), exit, _exit, signal (SIGTERM,
+ *                           through calloc and free of 4 MiB); after four rounds of the
+ *                           first and 20 ms more, main ends the process by HOW: return (from main), exit, _exit, signal (SIGTERM,
  *                           default action), exec (of /bin/true), fork (a child that faults
  *                           like the parent, then returns; the parent waits for it and passes
  *                           its status on). A page that does not read zero: "bad", status 3.
@@ -37,6 +37,9 @@ static void check_and_write(volatile char *p, size_t len) {
     }
 }
 
+/* Rounds the mapper finished. */
+static int rounds;
+
 static void *mapper(void *arg) {
     (void)arg;
     for (size_t len = 8 << 20;;) {
@@ -44,6 +47,7 @@ static void *mapper(void *arg) {
         if (p == MAP_FAILED) { perror("mmap"); _exit(1); }
         check_and_write(p, len);
         munmap(p, len);
+        __atomic_add_fetch(&rounds, 1, __ATOMIC_RELEASE);
     }
     return 0;
 }
@@ -65,6 +69,9 @@ static void faulters(void) {
         perror("pthread_create");
         _exit(1);
     }
+    /* Four rounds (32 MiB: past the shim's start_after, the engine serves), then 20 ms more. */
+    __atomic_store_n(&rounds, 0, __ATOMIC_RELEASE);
+    while (__atomic_load_n(&rounds, __ATOMIC_ACQUIRE) < 4) usleep(1000);
     usleep(20000);
 }
 

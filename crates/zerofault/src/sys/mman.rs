@@ -292,16 +292,27 @@ pub fn thp_available() -> bool {
 /// (into a PMD that keeps an empty table the kernel splits the huge page instead: correct,
 /// most of a millisecond). Probed once: 8 PMDs of fresh memory get one page each (a table
 /// each), are discarded whole, and the process's page-table bytes (`VmPTE`) must fall back by
-/// most of what they grew.
-pub(crate) fn pt_reclaim() -> bool {
-    static PROBED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PROBED.get_or_init(|| {
+/// most of what they grew. The probe costs 1-1.5 ms here (three reads of /proc/self/status,
+/// eight faults): an engine thread makes it at start ([`probe_pt_reclaim`]), and a program
+/// thread only asks for the answer ([`pt_reclaim_known`]).
+static PT_RECLAIM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+
+/// The process's page-table kilobytes (`VmPTE` of /proc/self/status), read into a buffer on the
+/// stack: the scrub thread allocates nothing for it (each size class a growing String passes
+/// through would take the engine's allocator a 256 KiB chunk, which a later `mlockall` of the
+/// program's locks).
+fn vm_pte() -> Option<usize> {
+    let mut buf = [0u8; 4096];
+    let n = super::numa::read_small(b"/proc/self/status\0", &mut buf)?;
+    let s = std::str::from_utf8(&buf[..n]).ok()?;
+    let l = s.lines().find(|l| l.starts_with("VmPTE:"))?;
+    l.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// [`PT_RECLAIM`], probed now if nobody did.
+pub(crate) fn probe_pt_reclaim() -> bool {
+    *PT_RECLAIM.get_or_init(|| {
         const PMDS: usize = 8;
-        let vm_pte = || -> Option<usize> {
-            let s = std::fs::read_to_string("/proc/self/status").ok()?;
-            let l = s.lines().find(|l| l.starts_with("VmPTE:"))?;
-            l.split_whitespace().nth(1)?.parse().ok()
-        };
         let Ok(base) = map_aligned(PMDS * PMD_SIZE, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true) else {
             return false;
         };
@@ -323,6 +334,12 @@ pub(crate) fn pt_reclaim() -> bool {
             _ => false,
         }
     })
+}
+
+/// [`PT_RECLAIM`] if it was probed; `None` before (the caller then assumes tables stay: the
+/// cautious answer, which costs a PMD its huge pages, never correctness).
+pub(crate) fn pt_reclaim_known() -> Option<bool> {
+    PT_RECLAIM.get().copied()
 }
 
 /// Whether the system's THP setting is `always`: then every anonymous mapping without
@@ -601,5 +618,18 @@ impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: the mapping is ours, and dropped: nothing refers to it any more.
         let _ = unsafe { unmap(self.addr, self.len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_page_table_size_is_read_and_the_probe_answer_is_kept() {
+        // A parse that failed would make the probe say "no" on every kernel.
+        assert!(vm_pte().is_some_and(|kb| kb > 0), "{:?}", vm_pte());
+        let said = probe_pt_reclaim();
+        assert_eq!(pt_reclaim_known(), Some(said));
     }
 }
