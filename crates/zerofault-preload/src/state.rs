@@ -364,8 +364,12 @@ fn start() {
     };
     if opts.verbose {
         let f = e.features();
+        let machine = match e.machine_state() {
+            Ok(()) => "shared with this user's other processes".to_string(),
+            Err(why) => format!("alone ({why})"),
+        };
         say(&format!(
-            "zerofault: engine started in pid {}: userfaultfd{}, pool {} MiB",
+            "zerofault: engine started in pid {}: userfaultfd{}, pool {} MiB, machine state {machine}",
             getpid(),
             if f.has(engine::Features::MOVE) {
                 " with UFFDIO_MOVE"

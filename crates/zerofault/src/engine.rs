@@ -126,6 +126,10 @@ pub(crate) struct Shared {
     /// Set by [`Engine::stop_at_exit`]: the scrub threads leave at their next look; the
     /// handlers serve on until the process is gone.
     pub(crate) exiting: AtomicBool,
+    /// The machine-wide state shared with this user's other processes (alone if refused).
+    pub(crate) machine: crate::machine::Machine,
+    /// Why the machine-wide state was not shared, if it was not (for `--verbose`).
+    pub(crate) machine_refused: Option<String>,
     /// One registered page per handler, outside every range, from this address on:
     /// [`Engine`]'s drop reads them one after the other, and each fault wakes one handler to
     /// see `stopping` and leave after answering it (the engine holds no descriptor but the
@@ -456,6 +460,7 @@ impl Engine {
         let identity = uffd.identity();
         // The engine's producers: its handlers and one scrub per pool.
         let lend_at = opts.lend_at(handlers + pools.len(), sys::thread::allowed_cpus());
+        let (machine, machine_refused) = machine_state(&opts);
         let shared = Arc::new(Shared {
             stage,
             uffd: RwLock::new(Some(uffd)),
@@ -471,6 +476,8 @@ impl Engine {
             scrub_parked: AtomicBool::new(false),
             scrubs_parked: AtomicU32::new(0),
             exiting: AtomicBool::new(false),
+            machine,
+            machine_refused,
             thp_disabled: AtomicBool::new(sys::thread::thp_disabled()),
             huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),
@@ -1030,6 +1037,16 @@ impl Engine {
         &self.shared.opts
     }
 
+    /// Whether the machine-wide state is shared with this user's other processes, or why not
+    /// (`crate::machine`).
+    pub fn machine_state(&self) -> Result<(), String> {
+        match &self.shared.machine_refused {
+            None if self.shared.machine.is_shared() => Ok(()),
+            None => Err("not opened".into()),
+            Some(why) => Err(why.clone()),
+        }
+    }
+
     /// The userfaultfd features in use.
     pub fn features(&self) -> Features {
         self.shared.features
@@ -1174,6 +1191,26 @@ impl Drop for Engine {
     }
 }
 
+/// The machine-wide state (`machine` knob), or alone with the reason.
+fn machine_state(opts: &Options) -> (crate::machine::Machine, Option<String>) {
+    use crate::machine::Machine;
+    if !opts.machine {
+        return (Machine::alone(), Some("the machine knob is off".into()));
+    }
+    // getenv reads the environment in place: no allocation, no lock.
+    // SAFETY: a NUL-terminated name; the result, if any, is a NUL-terminated string of environ.
+    let dir = unsafe { libc::getenv(c"XDG_RUNTIME_DIR".as_ptr()) };
+    // SAFETY: as above.
+    let dir = (!dir.is_null())
+        .then(|| unsafe { std::ffi::CStr::from_ptr(dir) }.to_str().ok())
+        .flatten();
+    let cpus = u32::try_from(sys::thread::online_cpus()).unwrap_or(u32::MAX);
+    match Machine::open(dir, cpus) {
+        Ok(m) => (m, None),
+        Err(why) => (Machine::alone(), Some(why.to_string())),
+    }
+}
+
 /// Rings the first `n` doorbells: each read's fault is answered by one handler, which then sees
 /// `stopping` and leaves; so one read per handler started stops them all, one after the other
 /// (one more would wait for ever: no handler left, and the descriptor still open). A handler
@@ -1262,6 +1299,8 @@ impl Shared {
             scrub_parked: AtomicBool::new(false),
             scrubs_parked: AtomicU32::new(0),
             exiting: AtomicBool::new(false),
+            machine: crate::machine::Machine::alone(),
+            machine_refused: None,
             thp_disabled: AtomicBool::new(false),
             huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),

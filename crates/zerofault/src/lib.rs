@@ -102,6 +102,9 @@
 //! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
 //!   (`zero.rs`), the zeroing methods ([`ZeroMethod`], `zeroing.rs`; the scrub's, measured by
 //!   `zerofault bench-zero`).
+//! - Sharing the machine with this user's other processes under the shim (`machine.rs`: at
+//!   most `cpus - 1` scrubs stepping, handlers polling only beside a free CPU; its file,
+//!   checked before it is trusted, in `sys/machine.rs`).
 //! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
 //!   sizes ([`page`]).
 //! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
@@ -127,6 +130,7 @@ mod dsa;
 mod engine;
 mod fault;
 mod handback;
+mod machine;
 mod nodes;
 pub mod options;
 pub mod os;

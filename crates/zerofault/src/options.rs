@@ -461,6 +461,12 @@ options! {
     /// No scrubbing while the 1-minute load average per CPU is above this (seed 003's
     /// scrub_load).
     scrub_load: Load = "off",
+    /// Share the machine with this user's other processes under the shim through a state of
+    /// one page in `$XDG_RUNTIME_DIR` (or /dev/shm): at most one scrub per CPU but one steps at
+    /// once on the machine, and a handler polls only while the machine's scrubs and polling
+    /// handlers leave a CPU beside it. A state that is missing, corrupt or not this user's
+    /// alone is left alone, and the engine works as if alone. `off`: alone.
+    machine: Bool = "on",
     /// Keep the pages of memory the program frees (the shim's free and munmap,
     /// `Engine::recycle`): moved into the pool, zeroed by the scrub thread, handed out again.
     /// Off: freed memory goes back to the kernel (MADV_DONTNEED).

@@ -28,6 +28,7 @@
 //!   CPU is above it. Checked before each chunk; a skipped round is counted and retried on the
 //!   next timer tick.
 
+use crate::machine::Machine;
 use crate::page::{bytes, pages, PMD_PAGES};
 use crate::pool::{Pool, CHUNK_PAGES};
 use crate::recycle::{DirtyRing, BATCH_PAGES};
@@ -194,7 +195,7 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
     // The pairs whose clean ring took nothing more this round (see `Pool::next_dirty`).
     let mut done = [false; 2];
     loop {
-        if stopping(shared) || !share.allows(clock, stats) {
+        if stopping(shared) || !share.allows(clock, stats, &shared.machine) {
             return worked;
         }
         // One batch at a time under the pool's work lock, peeked under it: a release or the
@@ -422,12 +423,18 @@ struct Share {
     mark: Option<(u64, u64)>,
     rest: Duration,
     until: Option<Instant>,
+    /// Counted as stepping in the machine-wide state (from a step allowed to the end of the
+    /// round, or the next step refused).
+    stepping: bool,
 }
 
 /// Running plus waiting time a verdict needs.
 const SAMPLE: Duration = Duration::from_millis(4);
 const REST_MIN: Duration = Duration::from_millis(4);
 const REST_MAX: Duration = Duration::from_millis(32);
+/// How long a scrub waits before it looks again when other processes' scrubs hold the CPUs
+/// the machine-wide state allows scrubs.
+const MACHINE_REST: Duration = Duration::from_millis(2);
 
 impl Share {
     fn new() -> Share {
@@ -435,11 +442,21 @@ impl Share {
             mark: None,
             rest: REST_MIN,
             until: None,
+            stepping: false,
         }
     }
 
-    /// Whether the scrub may take its next step now (`clock`: the scrub's CPU time).
-    fn allows(&mut self, clock: &thread::ThreadClock, stats: &Stats) -> bool {
+    /// The round is over: no longer stepping, for the machine-wide state.
+    fn idle(&mut self, machine: &Machine) {
+        if std::mem::take(&mut self.stepping) {
+            machine.scrub_stepping(false);
+        }
+    }
+
+    /// Whether the scrub may take its next step now (`clock`: the scrub's CPU time): it has a
+    /// CPU to itself, and other processes' scrubs leave it one (`machine`; a refusal there is
+    /// a rest of [`MACHINE_REST`]).
+    fn allows(&mut self, clock: &thread::ThreadClock, stats: &Stats, machine: &Machine) -> bool {
         let now = Instant::now();
         // The file is read only when a rest is over.
         if self.until.is_some_and(|t| now < t) {
@@ -448,11 +465,21 @@ impl Share {
         // Its CPU time from the clock: schedstat's lags by up to a tick (4-10 ms), as long as
         // a sample.
         let times = thread::run_delay().map(|w| (nanos(clock.read()), w));
-        let go = self.decide(times, now);
-        if !go {
+        if !self.decide(times, now) {
             Stats::add(&stats.scrub_rests, 1);
+            self.idle(machine);
+            return false;
         }
-        go
+        if !machine.scrub_may_step() {
+            Stats::add(&stats.scrub_machine_waits, 1);
+            self.idle(machine);
+            self.until = Some(now + MACHINE_REST);
+            return false;
+        }
+        if !std::mem::replace(&mut self.stepping, true) {
+            machine.scrub_stepping(true);
+        }
+        true
     }
 
     /// How long the current rest still lasts, if resting.
@@ -582,6 +609,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
                 refill(&shared, pool, stop.min(budget), &clock, &mut share);
             }
             purge(&shared, pool, &mut idle);
+            share.idle(&shared.machine);
             shared.scrubs_working.fetch_sub(1, Relaxed);
         }
         deferred = requested && share.resting_for(Instant::now()).is_some();
@@ -690,7 +718,7 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64, clock: &thread::ThreadClock, 
         stop.min(stop * pool.share(&pool.small) / pool.capacity().max(1))
     };
     while !stopping(shared) && pool.available() + pool.dirty() < stop {
-        if !wait_for_quiet(shared, pool, reserve) || !share.allows(clock, &shared.stats) {
+        if !wait_for_quiet(shared, pool, reserve) || !share.allows(clock, &shared.stats, &shared.machine) {
             break;
         }
         if !load_allows(shared.opts.scrub_load) {

@@ -251,6 +251,12 @@ counters! {
     /// Times the scrub found no CPU to itself (it waited to run more than a quarter of the
     /// time it ran) and rested instead of working.
     scrub_rests,
+    /// Times the scrub put a step off because other processes' scrubs held the CPUs the
+    /// machine-wide state allows scrubs (`crate::machine`).
+    scrub_machine_waits,
+    /// Times a handler did not poll because the machine's stepping scrubs and polling handlers
+    /// (every process's) left no CPU beside it.
+    poll_machine_skips,
     /// Handler threads that panicked (the engine then failed open).
     handler_panics,
 }

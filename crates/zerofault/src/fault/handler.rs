@@ -196,9 +196,11 @@ const SPIN_AFTER: u32 = 4;
 /// away instead of zeroed). True when a message is pending, or the descriptor
 /// reports an error (the read that follows finds out).
 ///
-/// Other processes' threads are not weighed (that would take a /proc read, and a descriptor
-/// a program closing every descriptor could close under us); the kernel's scheduler shares a
-/// CPU with the poll as with any thread, and the poll lasts `spin` at most after a burst.
+/// Other processes' threads are weighed through the machine-wide state (`crate::machine`): the
+/// scrubs stepping and handlers polling of this user's other processes under the shim, with
+/// `busy`, must leave a CPU beside the poll. Other programs' threads are not weighed (that
+/// would take a /proc read); the kernel's scheduler shares a CPU with the poll as with any
+/// thread, and the poll lasts `spin` at most after a burst.
 ///
 /// A handler that sleeps on an idle virtual CPU is woken by an interrupt the hypervisor
 /// delivers, 40-50 us on this project's KVM guest (no halt polling there); the faulting
@@ -211,19 +213,30 @@ fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: usize) -> bool {
     if spin.is_zero() || cpus <= 1 || busy > cpus {
         return false;
     }
+    if !shared.machine.handler_may_poll(u32::try_from(busy).unwrap_or(u32::MAX)) {
+        Stats::add(&shared.stats.poll_machine_skips, 1);
+        return false;
+    }
     Stats::add(&shared.stats.handler_spins, 1);
+    shared.machine.handler_polling(true);
     let t = Instant::now();
+    let mut ready = false;
     while t.elapsed() < spin && !shared.failed.load(Acquire) {
         match uffd.ready() {
             Ok(false) => std::hint::spin_loop(),
             Ok(true) => {
                 Stats::add(&shared.stats.handler_spin_hits, 1);
-                return true;
+                ready = true;
+                break;
             }
-            Err(_) => return true,
+            Err(_) => {
+                ready = true;
+                break;
+            }
         }
     }
-    false
+    shared.machine.handler_polling(false);
+    ready
 }
 
 /// The window one handler is installing, published for the others: a fault read by another

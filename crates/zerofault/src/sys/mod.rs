@@ -24,12 +24,14 @@
 //! - [`numa`]: the node topology (sysfs), mbind, get_mempolicy, move_pages (query).
 //! - [`thread`]: the engine's own threads, poll, scheduling class, CPU time, load average.
 //! - [`cgroup`]: the memory cgroup's limit and usage.
+//! - [`machine`]: the machine-wide state's file (found, checked, mapped).
 //! - [`raw`]: the system call itself, which leaves the program's `errno` alone.
 //! - [`alloc`]: the engine's own allocator over raw mmap ([`alloc::EngineAlloc`]), so that the
 //!   shim's Rust allocations never reach the program's malloc.
 
 pub(crate) mod alloc;
 pub(crate) mod cgroup;
+pub(crate) mod machine;
 pub(crate) mod mman;
 pub(crate) mod numa;
 pub(crate) mod raw;

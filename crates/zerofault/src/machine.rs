@@ -1,0 +1,417 @@
+//! The machine-wide state: what the engines of this user's processes tell one another, so that
+//! N processes under the shim on fewer CPUs do not each run a scrub and polling handlers as if
+//! each were alone (docs/DESIGN.md, "Several processes").
+//!
+//! One page, mapped shared from a file of the user's (`sys::machine` finds and checks it): a
+//! header, then one slot per process, claimed at start. A slot says how many of its process's
+//! scrub threads are in a step and how many handlers poll, with a heartbeat; a slot whose beat
+//! is older than [`STALE`] counts for nothing (a process killed in the middle of a step).
+//! The rules, on `cpus` online CPUs:
+//! - **Scrubs.** At most `cpus - 1` scrub threads step at once on the machine (at least one):
+//!   a CPU stays for the programs' own threads. A scrub that finds the others at that number
+//!   rests as it does on a busy machine.
+//! - **Polling handlers.** A handler polls only while the scrubs stepping and the handlers
+//!   polling on the whole machine leave a CPU free beside it.
+//!
+//! Fail open: no file, a file refused, a full table or a corrupt header give
+//! [`Machine::alone`], and every rule then allows what the engine did alone.
+
+use crate::page::PAGE_SIZE;
+use crate::sys::machine::{self as file, Refused};
+use std::ffi::CString;
+use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
+use std::time::Duration;
+
+/// "ZFMACH01", little-endian.
+const MAGIC: u64 = u64::from_le_bytes(*b"ZFMACH01");
+
+/// A slot whose beat is older than this counts for nothing.
+pub(crate) const STALE: Duration = Duration::from_secs(1);
+const STALE_NS: u64 = 1_000_000_000;
+const _: () = assert!(STALE.as_secs() == 1 && STALE.subsec_nanos() == 0);
+
+#[repr(C)]
+struct Header {
+    magic: AtomicU64,
+    /// Slots that follow: [`SLOTS`].
+    slots: AtomicU32,
+    _reserved: AtomicU32,
+}
+
+#[repr(C)]
+struct Slot {
+    /// The process that claimed it; 0: free.
+    pid: AtomicI32,
+    /// Its scrub threads in a step now.
+    working: AtomicU32,
+    /// Its handlers polling now.
+    polling: AtomicU32,
+    _reserved: AtomicU32,
+    /// CLOCK_MONOTONIC nanoseconds of its last change.
+    beat: AtomicU64,
+}
+
+/// Slots in the page.
+const SLOTS: usize = (PAGE_SIZE - size_of::<Header>()) / size_of::<Slot>();
+/// [`SLOTS`] as the header holds it.
+#[allow(clippy::cast_possible_truncation, reason = "a page holds fewer than 2^32 slots")]
+const SLOTS_U32: u32 = SLOTS as u32;
+
+#[repr(C)]
+struct Page {
+    header: Header,
+    slots: [Slot; SLOTS],
+}
+
+const _: () = assert!(size_of::<Page>() <= PAGE_SIZE);
+
+/// CLOCK_MONOTONIC in nanoseconds (the same clock in every process).
+fn now_ns() -> u64 {
+    let mut t = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec; CLOCK_MONOTONIC cannot fail.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut t) };
+    u64::try_from(t.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(t.tv_nsec).unwrap_or(0)
+}
+
+/// This process's view of the machine-wide state.
+#[derive(Debug)]
+pub(crate) struct Machine {
+    /// The mapped page and our slot in it; `None`: alone.
+    at: Option<(usize, usize)>,
+    cpus: u32,
+}
+
+impl Machine {
+    /// Working as if alone: every rule allows.
+    pub(crate) fn alone() -> Machine {
+        Machine { at: None, cpus: 0 }
+    }
+
+    /// The user's state (`runtime_dir`: `XDG_RUNTIME_DIR`, read by the caller), with a slot
+    /// claimed for this process; or why not.
+    pub(crate) fn open(runtime_dir: Option<&str>, cpus: u32) -> Result<Machine, Refused> {
+        Machine::open_at(&file::path(runtime_dir).ok_or(Refused::NoPlace)?, cpus)
+    }
+
+    /// [`Machine::open`] of the file at `path`.
+    pub(crate) fn open_at(path: &CString, cpus: u32) -> Result<Machine, Refused> {
+        let (addr, _fresh) = file::open(path, &init, &valid)?;
+        // SAFETY: `valid` checked the magic of a page-sized shared mapping that lives as long as
+        // the process (never unmapped); every field is an atomic, so any bytes are a valid Page.
+        let page = unsafe { &*(addr as *const Page) };
+        let pid = file::getpid();
+        let slot = claim(page, pid).ok_or(Refused::Full)?;
+        Ok(Machine {
+            at: Some((addr, slot)),
+            cpus,
+        })
+    }
+
+    fn page(&self) -> Option<(&Page, &Slot)> {
+        let (addr, slot) = self.at?;
+        // SAFETY: as in open_at: a live shared page of atomics.
+        let page = unsafe { &*(addr as *const Page) };
+        Some((page, &page.slots[slot]))
+    }
+
+    /// Other processes' (scrubs stepping, handlers polling), from fresh slots.
+    fn others(&self) -> (u32, u32) {
+        let Some((page, mine)) = self.page() else { return (0, 0) };
+        let now = now_ns();
+        let (mut working, mut polling) = (0u32, 0u32);
+        let me = mine.pid.load(Relaxed);
+        for s in &page.slots {
+            // Other processes only: several engines of one process (tests) do not gate each
+            // other.
+            let pid = s.pid.load(Relaxed);
+            if std::ptr::eq(s, mine) || pid == 0 || pid == me {
+                continue;
+            }
+            if now.saturating_sub(s.beat.load(Relaxed)) > STALE_NS {
+                continue;
+            }
+            working = working.saturating_add(s.working.load(Relaxed).min(64));
+            polling = polling.saturating_add(s.polling.load(Relaxed).min(64));
+        }
+        (working, polling)
+    }
+
+    /// Whether a scrub of ours may step now: other processes' stepping scrubs leave a CPU to
+    /// programs. Always when alone.
+    pub(crate) fn scrub_may_step(&self) -> bool {
+        if self.at.is_none() {
+            return true;
+        }
+        let (working, _) = self.others();
+        working < self.cpus.saturating_sub(1).max(1)
+    }
+
+    /// Whether a handler of ours may poll, with `busy` of our own threads at work: other
+    /// processes' stepping scrubs and polling handlers, with ours, leave a CPU beside it.
+    pub(crate) fn handler_may_poll(&self, busy: u32) -> bool {
+        if self.at.is_none() {
+            return true;
+        }
+        let (working, polling) = self.others();
+        working + polling + busy < self.cpus
+    }
+
+    /// A scrub of ours starts (`+1`) or ends (`-1`) a step.
+    pub(crate) fn scrub_stepping(&self, on: bool) {
+        if let Some((_, s)) = self.page() {
+            change(&s.working, on);
+            s.beat.store(now_ns(), Relaxed);
+        }
+    }
+
+    /// A handler of ours starts or ends a poll.
+    pub(crate) fn handler_polling(&self, on: bool) {
+        if let Some((_, s)) = self.page() {
+            change(&s.polling, on);
+            s.beat.store(now_ns(), Relaxed);
+        }
+    }
+
+    /// Whether the state is shared (a slot claimed).
+    pub(crate) fn is_shared(&self) -> bool {
+        self.at.is_some()
+    }
+}
+
+impl Drop for Machine {
+    fn drop(&mut self) {
+        if let Some((_, s)) = self.page() {
+            s.working.store(0, Relaxed);
+            s.polling.store(0, Relaxed);
+            s.pid.store(0, Release);
+        }
+    }
+}
+
+fn change(c: &AtomicU32, on: bool) {
+    if on {
+        c.fetch_add(1, Relaxed);
+    } else {
+        // Never below zero, whatever another process wrote there.
+        let _ = c.fetch_update(Relaxed, Relaxed, |v| Some(v.saturating_sub(1)));
+    }
+}
+
+/// Writes the header of a page just made (all zero).
+fn init(addr: usize) {
+    // SAFETY: a fresh shared page of ours; atomics over zeros.
+    let page = unsafe { &*(addr as *const Page) };
+    page.header.slots.store(SLOTS_U32, Relaxed);
+    page.header.magic.store(MAGIC, Release);
+}
+
+/// Whether the page holds our header. A file made by another process that has not written its
+/// header yet reads as not ours: this process then works alone.
+fn valid(addr: usize) -> bool {
+    // SAFETY: a page-sized shared mapping; atomics over any bytes.
+    let page = unsafe { &*(addr as *const Page) };
+    page.header.magic.load(Acquire) == MAGIC && page.header.slots.load(Relaxed) == SLOTS_U32
+}
+
+/// Claims a free slot, or one whose process is gone, for `pid`; `None` when all are taken.
+fn claim(page: &Page, pid: i32) -> Option<usize> {
+    for (i, s) in page.slots.iter().enumerate() {
+        let p = s.pid.load(Acquire);
+        // Our own pid is another engine of this process (or of the image before an exec):
+        // its slot stays until the process is gone.
+        if (p == 0 || (p > 0 && p != pid && !file::alive(p))) && take(s, p, pid) {
+            return Some(i);
+        }
+    }
+    None
+}
+
+fn take(s: &Slot, was: i32, pid: i32) -> bool {
+    if s.pid.compare_exchange(was, pid, AcqRel, Acquire).is_err() {
+        return false;
+    }
+    s.working.store(0, Relaxed);
+    s.polling.store(0, Relaxed);
+    s.beat.store(now_ns(), Relaxed);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::path::{Path, PathBuf};
+
+    fn dir(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("zf-machine-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o700)).unwrap();
+        d
+    }
+
+    fn c(p: &Path) -> CString {
+        CString::new(p.to_str().unwrap()).unwrap()
+    }
+
+    #[test]
+    fn a_missing_file_is_made_private_and_one_page_with_our_header() {
+        let d = dir("missing");
+        let f = d.join("zerofault.machine");
+        let m = Machine::open_at(&c(&f), 2).unwrap();
+        assert!(m.is_shared());
+        let md = std::fs::metadata(&f).unwrap();
+        assert_eq!(md.len(), PAGE_SIZE as u64);
+        assert_eq!(md.mode() & 0o077, 0, "{:o}", md.mode());
+        let bytes = std::fs::read(&f).unwrap();
+        assert_eq!(&bytes[..8], b"ZFMACH01");
+        // A second engine of this process (another process would map the same) takes another
+        // slot.
+        let m2 = Machine::open_at(&c(&f), 2).unwrap();
+        assert_ne!(m.at.unwrap().1, m2.at.unwrap().1);
+        drop((m, m2));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn the_runtime_directory_is_used_only_when_private() {
+        let d = dir("runtime");
+        let p = file::path(Some(d.to_str().unwrap())).unwrap();
+        assert_eq!(p.to_str().unwrap(), d.join("zerofault.machine").to_str().unwrap());
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let p = file::path(Some(d.to_str().unwrap())).unwrap();
+        assert!(p.to_str().unwrap().starts_with("/dev/shm/zerofault-"), "{p:?}");
+        let p = file::path(Some("relative/dir")).unwrap();
+        assert!(p.to_str().unwrap().starts_with("/dev/shm/"), "{p:?}");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn bad_files_are_refused_and_left_as_they_are() {
+        let d = dir("bad");
+        // Corrupt: our size, not our header.
+        let f = d.join("corrupt");
+        std::fs::write(&f, vec![7u8; PAGE_SIZE]).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(Machine::open_at(&c(&f), 2).unwrap_err(), Refused::Header);
+        assert_eq!(std::fs::read(&f).unwrap(), vec![7u8; PAGE_SIZE], "left as it was");
+        // Another size.
+        let f = d.join("short");
+        std::fs::write(&f, b"ZFMACH01").unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(Machine::open_at(&c(&f), 2).unwrap_err(), Refused::Size(8));
+        // World-writable, and group-readable.
+        for mode in [0o666, 0o640, 0o602] {
+            let f = d.join(format!("mode{mode:o}"));
+            std::fs::write(&f, vec![0u8; PAGE_SIZE]).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(mode)).unwrap();
+            assert_eq!(
+                Machine::open_at(&c(&f), 2).unwrap_err(),
+                Refused::Mode(mode),
+                "{mode:o}"
+            );
+        }
+        // A symbolic link to a good file.
+        let good = d.join("good");
+        drop(Machine::open_at(&c(&good), 2).unwrap());
+        let link = d.join("link");
+        std::os::unix::fs::symlink(&good, &link).unwrap();
+        assert_eq!(Machine::open_at(&c(&link), 2).unwrap_err(), Refused::Link);
+        // A directory.
+        let sub = d.join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        assert!(Machine::open_at(&c(&sub), 2).is_err());
+        // Another user's, as root: a file given to nobody, which root may open. (Another user
+        // cannot make a file of someone else's: there, root's /etc/passwd is refused at open.)
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } == 0 {
+            let f = d.join("foreign");
+            std::fs::write(&f, vec![0u8; PAGE_SIZE]).unwrap();
+            std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+            std::os::unix::fs::chown(&f, Some(65534), Some(65534)).unwrap();
+            assert_eq!(Machine::open_at(&c(&f), 2).unwrap_err(), Refused::Owner(65534));
+            assert_eq!(std::fs::metadata(&f).unwrap().uid(), 65534, "left as it was");
+        } else {
+            let e = Machine::open_at(&c(Path::new("/etc/passwd")), 2).unwrap_err();
+            assert_eq!(e, Refused::Call("open", libc::EACCES));
+        }
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn scrubs_leave_a_cpu_and_polls_count_the_whole_machine() {
+        let d = dir("rules");
+        let f = c(&d.join("m"));
+        let a = Machine::open_at(&f, 2).unwrap();
+        // Another process (pid 1 stands for it): a slot of its own, written as its engine would.
+        let (page, _) = a.page().unwrap();
+        let other = page.slots.iter().find(|s| s.pid.load(Relaxed) == 0).unwrap();
+        other.pid.store(1, Relaxed);
+        let beat = || other.beat.store(now_ns(), Relaxed);
+        assert!(a.scrub_may_step());
+        // Two CPUs: one scrub steps at a time on the machine.
+        other.working.store(1, Relaxed);
+        beat();
+        assert!(!a.scrub_may_step());
+        assert!(a.handler_may_poll(0));
+        assert!(
+            !a.handler_may_poll(1),
+            "its scrub and one busy thread of ours fill two CPUs"
+        );
+        other.working.store(0, Relaxed);
+        assert!(a.scrub_may_step());
+        other.polling.store(1, Relaxed);
+        beat();
+        assert!(!a.handler_may_poll(1));
+        assert!(a.scrub_may_step(), "polls do not hold scrubs back");
+        other.polling.store(0, Relaxed);
+        // Our own counts are in our slot, and another engine of this process is not gated.
+        a.scrub_stepping(true);
+        a.handler_polling(true);
+        let (_, mine) = a.page().unwrap();
+        assert_eq!((mine.working.load(Relaxed), mine.polling.load(Relaxed)), (1, 1));
+        let b = Machine::open_at(&f, 2).unwrap();
+        assert!(b.scrub_may_step() && b.handler_may_poll(1));
+        a.scrub_stepping(false);
+        a.handler_polling(false);
+        a.handler_polling(false);
+        assert_eq!(
+            (mine.working.load(Relaxed), mine.polling.load(Relaxed)),
+            (0, 0),
+            "never below 0"
+        );
+        // A slot gone stale (a process killed in a step) counts for nothing.
+        other.working.store(1, Relaxed);
+        other.beat.store(now_ns() - 2 * STALE_NS, Relaxed);
+        assert!(a.scrub_may_step());
+        // Alone: everything allowed.
+        let alone = Machine::alone();
+        assert!(alone.scrub_may_step() && alone.handler_may_poll(100));
+        other.pid.store(0, Relaxed);
+        drop((a, b));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_slot_of_a_dead_process_is_taken_again_and_a_full_table_works_alone() {
+        let d = dir("slots");
+        let f = c(&d.join("m"));
+        let m = Machine::open_at(&f, 2).unwrap();
+        let (page, _) = m.page().unwrap();
+        // Every slot held by a live process (pid 1).
+        for s in &page.slots {
+            s.pid.store(1, Relaxed);
+        }
+        assert_eq!(Machine::open_at(&f, 2).unwrap_err(), Refused::Full);
+        // A dead pid's slot is taken (a child that has exited and been reaped).
+        let child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id() as i32;
+        let mut child = child;
+        child.wait().unwrap();
+        page.slots[3].pid.store(dead, Relaxed);
+        let n = Machine::open_at(&f, 2).unwrap();
+        assert_eq!(n.at.unwrap().1, 3);
+        std::fs::remove_dir_all(&d).unwrap();
+        std::mem::forget((m, n)); // their slots point into the file's page, still mapped
+    }
+}
