@@ -410,6 +410,29 @@ fn start() {
 
 /// The value of knob `knob`'s variable (`ZEROFAULT_<KNOB>`), read straight from `environ` (no
 /// std::env: it may not be set up yet), borrowed: nothing is allocated at load.
+/// The value of the environment variable `name`, read straight from `environ` (in the
+/// constructor, as [`env_lookup`]).
+fn environ_lookup(name: &[u8]) -> Option<&'static str> {
+    extern "C" {
+        static environ: *const *const c_char;
+    }
+    // SAFETY: as env_lookup's.
+    unsafe {
+        let mut p = environ;
+        if p.is_null() {
+            return None;
+        }
+        while !(*p).is_null() {
+            let kv = CStr::from_ptr(*p).to_bytes();
+            if kv.len() > name.len() && kv.starts_with(name) && kv[name.len()] == b'=' {
+                return std::str::from_utf8(&kv[name.len() + 1..]).ok();
+            }
+            p = p.add(1);
+        }
+    }
+    None
+}
+
 fn env_lookup(knob: &str) -> Option<&'static str> {
     extern "C" {
         static environ: *const *const c_char;
@@ -479,6 +502,9 @@ fn init_options() {
     };
     ROOT_PID.store(getpid(), Release);
     OWNER_PID.store(getpid(), Release);
+    // Read here, where nothing changes the environment under us; the engine starts later,
+    // inside a hook.
+    engine::os::machine::set_runtime_dir(environ_lookup(b"XDG_RUNTIME_DIR"));
     // `zerofault run --verbose` names the process it runs: only that one says at exit that it
     // never needed the engine (the helpers a wrapper script runs first would say it too).
     let run_pid = env_lookup("run_pid").and_then(|p| p.parse::<i32>().ok());

@@ -1150,6 +1150,7 @@ impl Engine {
     /// The exiting program thread (a library destructor), signals blocked; waits for nothing.
     pub fn stop_at_exit(&self) {
         self.shared.exiting.store(true, Release);
+        self.shared.machine.release();
         self.shared.kick_scrubs();
     }
 
@@ -1197,15 +1198,9 @@ fn machine_state(opts: &Options) -> (crate::machine::Machine, Option<String>) {
     if !opts.machine {
         return (Machine::alone(), Some("the machine knob is off".into()));
     }
-    // getenv reads the environment in place: no allocation, no lock.
-    // SAFETY: a NUL-terminated name; the result, if any, is a NUL-terminated string of environ.
-    let dir = unsafe { libc::getenv(c"XDG_RUNTIME_DIR".as_ptr()) };
-    // SAFETY: as above.
-    let dir = (!dir.is_null())
-        .then(|| unsafe { std::ffi::CStr::from_ptr(dir) }.to_str().ok())
-        .flatten();
+    let dir = crate::machine::runtime_dir();
     let cpus = u32::try_from(sys::thread::online_cpus()).unwrap_or(u32::MAX);
-    match Machine::open(dir, cpus) {
+    match Machine::open(dir.as_deref(), cpus) {
         Ok(m) => (m, None),
         Err(why) => (Machine::alone(), Some(why.to_string())),
     }

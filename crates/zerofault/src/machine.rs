@@ -22,8 +22,8 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
-/// "ZFMACH01", little-endian.
-const MAGIC: u64 = u64::from_le_bytes(*b"ZFMACH01");
+/// "ZFMACH02", little-endian (01 had one heartbeat a slot).
+const MAGIC: u64 = u64::from_le_bytes(*b"ZFMACH02");
 
 /// A slot whose beat is older than this counts for nothing.
 pub(crate) const STALE: Duration = Duration::from_secs(1);
@@ -47,8 +47,11 @@ struct Slot {
     /// Its handlers polling now.
     polling: AtomicU32,
     _reserved: AtomicU32,
-    /// CLOCK_MONOTONIC nanoseconds of its last change.
+    /// CLOCK_MONOTONIC nanoseconds of the last step a scrub of it began: `working` counts
+    /// only while this is fresh.
     beat: AtomicU64,
+    /// The same for `polling`: the last poll a handler of it began.
+    poll_beat: AtomicU64,
 }
 
 /// Slots in the page.
@@ -127,11 +130,13 @@ impl Machine {
             if std::ptr::eq(s, mine) || pid == 0 || pid == me {
                 continue;
             }
-            if now.saturating_sub(s.beat.load(Relaxed)) > STALE_NS {
-                continue;
+            // abs_diff: a beat in the future (a corrupt slot) is not fresh for ever.
+            if now.abs_diff(s.beat.load(Relaxed)) <= STALE_NS {
+                working = working.saturating_add(s.working.load(Relaxed).min(64));
             }
-            working = working.saturating_add(s.working.load(Relaxed).min(64));
-            polling = polling.saturating_add(s.polling.load(Relaxed).min(64));
+            if now.abs_diff(s.poll_beat.load(Relaxed)) <= STALE_NS {
+                polling = polling.saturating_add(s.polling.load(Relaxed).min(64));
+            }
         }
         (working, polling)
     }
@@ -146,20 +151,28 @@ impl Machine {
         working < self.cpus.saturating_sub(1).max(1)
     }
 
-    /// Whether a handler of ours may poll, with `busy` of our own threads at work: other
-    /// processes' stepping scrubs and polling handlers, with ours, leave a CPU beside it.
+    /// Whether a handler of ours may poll, with `busy` of our own threads at work (the poller
+    /// and the thread whose faults it waits for among them): with other processes' stepping
+    /// scrubs and polling handlers they still fit the CPUs, as `busy` alone must.
     pub(crate) fn handler_may_poll(&self, busy: u32) -> bool {
         if self.at.is_none() {
             return true;
         }
         let (working, polling) = self.others();
-        working + polling + busy < self.cpus
+        working.saturating_add(polling).saturating_add(busy) <= self.cpus
     }
 
-    /// A scrub of ours starts (`+1`) or ends (`-1`) a step.
+    /// A scrub of ours starts (`true`) or stops stepping.
     pub(crate) fn scrub_stepping(&self, on: bool) {
         if let Some((_, s)) = self.page() {
             change(&s.working, on);
+            self.scrub_beat();
+        }
+    }
+
+    /// A scrub of ours takes one more step: its count stays fresh.
+    pub(crate) fn scrub_beat(&self) {
+        if let Some((_, s)) = self.page() {
             s.beat.store(now_ns(), Relaxed);
         }
     }
@@ -168,7 +181,17 @@ impl Machine {
     pub(crate) fn handler_polling(&self, on: bool) {
         if let Some((_, s)) = self.page() {
             change(&s.polling, on);
-            s.beat.store(now_ns(), Relaxed);
+            s.poll_beat.store(now_ns(), Relaxed);
+        }
+    }
+
+    /// The process is leaving (`Engine::stop_at_exit`): its slot is free now, whatever its
+    /// threads still do (a slot without a pid counts for nothing).
+    pub(crate) fn release(&self) {
+        if let Some((_, s)) = self.page() {
+            s.pid.store(0, Release);
+            s.working.store(0, Relaxed);
+            s.polling.store(0, Relaxed);
         }
     }
 
@@ -180,10 +203,9 @@ impl Machine {
 
 impl Drop for Machine {
     fn drop(&mut self) {
-        if let Some((_, s)) = self.page() {
-            s.working.store(0, Relaxed);
-            s.polling.store(0, Relaxed);
-            s.pid.store(0, Release);
+        self.release();
+        if let Some((addr, _)) = self.at.take() {
+            file::unmap(addr);
         }
     }
 }
@@ -197,12 +219,17 @@ fn change(c: &AtomicU32, on: bool) {
     }
 }
 
-/// Writes the header of a page just made (all zero).
+/// Writes the header of a page whose header is all zero (just made, by us or by a process that
+/// died before it wrote the header, or that is writing it now: the same bytes, so it does
+/// not matter who wins).
 fn init(addr: usize) {
-    // SAFETY: a fresh shared page of ours; atomics over zeros.
+    // SAFETY: a shared page of ours; atomics over any bytes.
     let page = unsafe { &*(addr as *const Page) };
-    page.header.slots.store(SLOTS_U32, Relaxed);
-    page.header.magic.store(MAGIC, Release);
+    if page.header.magic.load(Acquire) != 0 {
+        return;
+    }
+    let _ = page.header.slots.compare_exchange(0, SLOTS_U32, Relaxed, Relaxed);
+    let _ = page.header.magic.compare_exchange(0, MAGIC, Release, Relaxed);
 }
 
 /// Whether the page holds our header. A file made by another process that has not written its
@@ -232,8 +259,27 @@ fn take(s: &Slot, was: i32, pid: i32) -> bool {
     }
     s.working.store(0, Relaxed);
     s.polling.store(0, Relaxed);
-    s.beat.store(now_ns(), Relaxed);
+    s.beat.store(0, Relaxed);
+    s.poll_beat.store(0, Relaxed);
     true
+}
+
+/// `XDG_RUNTIME_DIR`, as an embedder living inside another program read it where reading the
+/// environment is safe ([`set_runtime_dir`]); else read now.
+static RUNTIME_DIR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+/// Gives the engine `XDG_RUNTIME_DIR` (the LD_PRELOAD shim, in its constructor: an engine
+/// started later, inside a hook, must not read an environment another thread may be changing).
+pub fn set_runtime_dir(dir: Option<&str>) {
+    let _ = RUNTIME_DIR.set(dir.map(str::to_owned));
+}
+
+/// [`set_runtime_dir`]'s, or the environment's now.
+pub(crate) fn runtime_dir() -> Option<String> {
+    RUNTIME_DIR
+        .get()
+        .cloned()
+        .unwrap_or_else(|| std::env::var("XDG_RUNTIME_DIR").ok())
 }
 
 #[cfg(test)]
@@ -264,12 +310,26 @@ mod tests {
         assert_eq!(md.len(), PAGE_SIZE as u64);
         assert_eq!(md.mode() & 0o077, 0, "{:o}", md.mode());
         let bytes = std::fs::read(&f).unwrap();
-        assert_eq!(&bytes[..8], b"ZFMACH01");
+        assert_eq!(&bytes[..8], b"ZFMACH02");
         // A second engine of this process (another process would map the same) takes another
         // slot.
         let m2 = Machine::open_at(&c(&f), 2).unwrap();
         assert_ne!(m.at.unwrap().1, m2.at.unwrap().1);
         drop((m, m2));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_page_left_without_its_header_gets_it() {
+        // A process that made the file and died (or is still writing) before its header: the
+        // next one writes the same header, and both work.
+        let d = dir("noheader");
+        let f = d.join("m");
+        std::fs::write(&f, vec![0u8; PAGE_SIZE]).unwrap();
+        std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let m = Machine::open_at(&c(&f), 2).unwrap();
+        assert_eq!(&std::fs::read(&f).unwrap()[..8], b"ZFMACH02");
+        drop(m);
         std::fs::remove_dir_all(&d).unwrap();
     }
 
@@ -317,10 +377,20 @@ mod tests {
         let link = d.join("link");
         std::os::unix::fs::symlink(&good, &link).unwrap();
         assert_eq!(Machine::open_at(&c(&link), 2).unwrap_err(), Refused::Link);
-        // A directory.
+        // A directory, a FIFO, a second name of a good file.
         let sub = d.join("sub");
         std::fs::create_dir(&sub).unwrap();
-        assert!(Machine::open_at(&c(&sub), 2).is_err());
+        assert_eq!(
+            Machine::open_at(&c(&sub), 2).unwrap_err(),
+            Refused::Call("open", libc::EISDIR)
+        );
+        let fifo = c(&d.join("fifo"));
+        // SAFETY: a NUL-terminated path in our own directory.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert_eq!(Machine::open_at(&fifo, 2).unwrap_err(), Refused::NotFile);
+        let second = d.join("second");
+        std::fs::hard_link(&good, &second).unwrap();
+        assert_eq!(Machine::open_at(&c(&second), 2).unwrap_err(), Refused::Links(2));
         // Another user's, as root: a file given to nobody, which root may open. (Another user
         // cannot make a file of someone else's: there, root's /etc/passwd is refused at open.)
         // SAFETY: geteuid has no preconditions.
@@ -348,22 +418,33 @@ mod tests {
         let other = page.slots.iter().find(|s| s.pid.load(Relaxed) == 0).unwrap();
         other.pid.store(1, Relaxed);
         let beat = || other.beat.store(now_ns(), Relaxed);
+        let poll_beat = || other.poll_beat.store(now_ns(), Relaxed);
         assert!(a.scrub_may_step());
+        // Alone on two CPUs, a poller and the thread it serves fit, as without the state.
+        assert!(a.handler_may_poll(2) && !a.handler_may_poll(3));
         // Two CPUs: one scrub steps at a time on the machine.
         other.working.store(1, Relaxed);
         beat();
         assert!(!a.scrub_may_step());
-        assert!(a.handler_may_poll(0));
+        assert!(a.handler_may_poll(1));
         assert!(
-            !a.handler_may_poll(1),
-            "its scrub and one busy thread of ours fill two CPUs"
+            !a.handler_may_poll(2),
+            "its scrub, our poller and our faulting thread: three"
         );
         other.working.store(0, Relaxed);
         assert!(a.scrub_may_step());
         other.polling.store(1, Relaxed);
-        beat();
-        assert!(!a.handler_may_poll(1));
+        poll_beat();
+        assert!(!a.handler_may_poll(2));
         assert!(a.scrub_may_step(), "polls do not hold scrubs back");
+        // A fresh poll beat keeps no scrub count alive: each count has its own beat.
+        other.working.store(1, Relaxed);
+        other.beat.store(now_ns() - 2 * STALE_NS, Relaxed);
+        assert!(a.scrub_may_step());
+        // Nor is a beat in the future fresh for ever.
+        other.beat.store(now_ns() + 10 * STALE_NS, Relaxed);
+        assert!(a.scrub_may_step());
+        other.working.store(0, Relaxed);
         other.polling.store(0, Relaxed);
         // Our own counts are in our slot, and another engine of this process is not gated.
         a.scrub_stepping(true);
@@ -371,7 +452,7 @@ mod tests {
         let (_, mine) = a.page().unwrap();
         assert_eq!((mine.working.load(Relaxed), mine.polling.load(Relaxed)), (1, 1));
         let b = Machine::open_at(&f, 2).unwrap();
-        assert!(b.scrub_may_step() && b.handler_may_poll(1));
+        assert!(b.scrub_may_step() && b.handler_may_poll(2));
         a.scrub_stepping(false);
         a.handler_polling(false);
         a.handler_polling(false);
@@ -380,10 +461,11 @@ mod tests {
             (0, 0),
             "never below 0"
         );
-        // A slot gone stale (a process killed in a step) counts for nothing.
-        other.working.store(1, Relaxed);
-        other.beat.store(now_ns() - 2 * STALE_NS, Relaxed);
-        assert!(a.scrub_may_step());
+        // A process leaving frees its slot at once, whatever its threads still count.
+        b.scrub_stepping(true);
+        let (_, b_slot) = b.page().unwrap();
+        b.release();
+        assert_eq!((b_slot.pid.load(Relaxed), b_slot.working.load(Relaxed)), (0, 0));
         // Alone: everything allowed.
         let alone = Machine::alone();
         assert!(alone.scrub_may_step() && alone.handler_may_poll(100));

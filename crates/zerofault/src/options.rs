@@ -462,9 +462,10 @@ options! {
     /// scrub_load).
     scrub_load: Load = "off",
     /// Share the machine with this user's other processes under the shim through a state of
-    /// one page in `$XDG_RUNTIME_DIR` (or /dev/shm): at most one scrub per CPU but one steps at
-    /// once on the machine, and a handler polls only while the machine's scrubs and polling
-    /// handlers leave a CPU beside it. A state that is missing, corrupt or not this user's
+    /// one page in `$XDG_RUNTIME_DIR` (or /dev/shm): a scrub steps only while other processes'
+    /// stepping scrubs leave a CPU to programs (at most one fewer than the CPUs step at once),
+    /// and a handler polls only while other processes' stepping scrubs and polling handlers,
+    /// with its own process's busy threads, fit the CPUs. A state that is missing, corrupt or not this user's
     /// alone is left alone, and the engine works as if alone. `off`: alone.
     machine: Bool = "on",
     /// Keep the pages of memory the program frees (the shim's free and munmap,

@@ -29,6 +29,11 @@ pub mod thread {
     };
 }
 
+/// The machine-wide state shared with this user's other processes (`machine.rs`).
+pub mod machine {
+    pub use crate::machine::set_runtime_dir;
+}
+
 /// The engine's allocator over raw mmap, and its fork hooks.
 pub mod alloc {
     pub use crate::sys::alloc::{fork_child, fork_parent, fork_prepare, EngineAlloc};

@@ -423,8 +423,9 @@ struct Share {
     mark: Option<(u64, u64)>,
     rest: Duration,
     until: Option<Instant>,
-    /// Counted as stepping in the machine-wide state (from a step allowed to the end of the
-    /// round, or the next step refused).
+    /// Counted as stepping in the machine-wide state: from a step allowed to the end of the
+    /// round, a step refused, or a wait for the program to be quiet. (A scrub that dies in a
+    /// step stops refreshing its count, which then goes stale: `machine::STALE`.)
     stepping: bool,
 }
 
@@ -476,7 +477,9 @@ impl Share {
             self.until = Some(now + MACHINE_REST);
             return false;
         }
-        if !std::mem::replace(&mut self.stepping, true) {
+        if std::mem::replace(&mut self.stepping, true) {
+            machine.scrub_beat();
+        } else {
             machine.scrub_stepping(true);
         }
         true
@@ -718,6 +721,8 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64, clock: &thread::ThreadClock, 
         stop.min(stop * pool.share(&pool.small) / pool.capacity().max(1))
     };
     while !stopping(shared) && pool.available() + pool.dirty() < stop {
+        // Not stepping while it waits for the program to be quiet.
+        share.idle(&shared.machine);
         if !wait_for_quiet(shared, pool, reserve) || !share.allows(clock, &shared.stats, &shared.machine) {
             break;
         }

@@ -32,6 +32,8 @@ pub(crate) enum Refused {
     Mode(u32),
     /// Not one page long.
     Size(u64),
+    /// More than one name links to it (a hard link made elsewhere).
+    Links(u64),
     /// The header is not ours (another program's file, or a version we do not know).
     Header,
     /// Every slot is held by a live process.
@@ -48,6 +50,7 @@ impl fmt::Display for Refused {
             Refused::Owner(uid) => write!(f, "it belongs to uid {uid}, not to this user"),
             Refused::Mode(m) => write!(f, "its mode {m:o} lets group or others in (0600 expected)"),
             Refused::Size(n) => write!(f, "it is {n} bytes long, not one page"),
+            Refused::Links(n) => write!(f, "it has {n} names (hard links)"),
             Refused::Header => write!(f, "its header is not zerofault's machine state"),
             Refused::Full => write!(f, "every slot is held by a live process"),
         }
@@ -106,9 +109,10 @@ pub(crate) fn path(runtime_dir: Option<&str>) -> Option<CString> {
     CString::new(format!("/dev/shm/zerofault-{uid}.machine")).ok()
 }
 
-/// The file at `path` mapped shared, one page, read and write; `fresh` when this call made
-/// it (all zero but for what `init` wrote). `init` writes the header of a file just made,
-/// and `valid` checks the header of every file: `Refused::Header` when it fails.
+/// The file at `path` mapped shared, one page, read and write, its page allocated and mapped
+/// now (a full tmpfs refuses it here, not with a SIGBUS later); `fresh` when this call made
+/// it. `init` writes the header where it is all zero (a file just made here or by another
+/// process), and `valid` checks the header of every file: `Refused::Header` when it fails.
 pub(crate) fn open(
     path: &CString,
     init: &dyn Fn(usize),
@@ -150,6 +154,9 @@ fn map_checked(fd: usize, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -
     if st.st_mode & 0o077 != 0 {
         return Err(Refused::Mode(st.st_mode & 0o7777));
     }
+    if st.st_nlink != 1 {
+        return Err(Refused::Links(st.st_nlink));
+    }
     let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
     let fresh = size == 0;
     if fresh {
@@ -159,6 +166,9 @@ fn map_checked(fd: usize, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -
     } else if size != PAGE_SIZE as u64 {
         return Err(Refused::Size(size));
     }
+    // SAFETY: allocates the file's one page (tmpfs: now, or ENOSPC now); no content changes.
+    unsafe { raw::call(libc::SYS_fallocate, [fd, 0, 0, PAGE_SIZE, 0, 0]) }
+        .map_err(|e| Refused::Call("fallocate", e.0))?;
     let prot = libc::PROT_READ | libc::PROT_WRITE;
     // SAFETY: a new shared mapping of one page of the file; it affects no existing memory.
     let addr = unsafe {
@@ -168,15 +178,23 @@ fn map_checked(fd: usize, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -
         )
     }
     .map_err(|e| Refused::Call("mmap", e.0))?;
-    if fresh {
-        init(addr);
+    // Mapped now, writable: no later access of ours faults on it.
+    if let Err(e) = super::mman::populate_write(addr, PAGE_SIZE) {
+        unmap(addr);
+        return Err(Refused::Call("madvise", e.raw_os_error().unwrap_or(0)));
     }
+    init(addr);
     if !valid(addr) {
-        // SAFETY: the page mapped above, known to nobody else yet.
-        let _ = unsafe { raw::call(libc::SYS_munmap, [addr, PAGE_SIZE, 0, 0, 0, 0]) };
+        unmap(addr);
         return Err(Refused::Header);
     }
     Ok((addr, fresh))
+}
+
+/// Unmaps a page [`open`] mapped.
+pub(crate) fn unmap(addr: usize) {
+    // SAFETY: a page of ours from `open`, which nobody uses any more.
+    let _ = unsafe { raw::call(libc::SYS_munmap, [addr, PAGE_SIZE, 0, 0, 0, 0]) };
 }
 
 /// This process's id.
