@@ -159,36 +159,70 @@ impl Row {
 /// Runs the sweep in `a.procs` processes at once (see the module's docs) and prints the result.
 pub(crate) fn run(a: &BenchArgs, raw: &[String]) -> Result<(), String> {
     crate::bench::preflight(&a.modes)?;
+    let progress = Progress::new(a.runs(), a.quiet);
+    let rows = measure(a, raw, &progress)?;
+    drop(progress);
+    match a.format {
+        Format::Json => println!("{}", serde_json::to_string_pretty(&to_json(a, &rows)).expect("JSON")),
+        _ => print!("{}", table(a, &rows)),
+    }
+    Ok(())
+}
+
+/// The flags of `a` as `zerofault bench` takes them (for `zerofault report`'s processes).
+pub(crate) fn flags(a: &BenchArgs) -> Vec<String> {
+    let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
+    let mut f = vec![
+        "--gb".into(),
+        crate::output::gb_text(a.gb),
+        "--reps".into(),
+        a.reps.to_string(),
+        "--threads".into(),
+        list(&a.threads),
+        "--cachelines".into(),
+        list(&a.cachelines),
+        "--pattern".into(),
+        a.pattern.name(),
+        "--touch".into(),
+        a.touch.to_string(),
+        "--mode".into(),
+        a.modes
+            .iter()
+            .map(crate::bench::Mode::name)
+            .collect::<Vec<_>>()
+            .join(","),
+    ];
+    if a.loops > 1 {
+        f.extend(["--loop".into(), a.loops.to_string()]);
+    }
+    f
+}
+
+/// The sweep in `a.procs` processes at once, `raw` being its flags; one step of `progress` per
+/// timed run.
+pub(crate) fn measure(a: &BenchArgs, raw: &[String], progress: &Progress) -> Result<Vec<Row>, String> {
     crate::bench::check_memory(a)?;
     let _hogs = Hogs::start(a.busy).map_err(|e| format!("--busy: starting a CPU hog: {e}"))?;
     let args = child_args(raw);
     let mut procs = (0..a.procs)
         .map(|_| Proc::start(&args))
         .collect::<Result<Vec<_>, _>>()?;
-    {
-        let progress = Progress::new(a.runs(), a.quiet);
-        for _ in 0..a.runs() {
-            if !procs.iter_mut().all(Proc::ready) {
-                break; // one ended early: its error comes below
-            }
-            for p in &mut procs {
-                // A child that went away is reported by finish().
-                let _ = p.stdin.write_all(b"go\n").and_then(|()| p.stdin.flush());
-            }
-            progress.step();
+    for _ in 0..a.runs() {
+        if !procs.iter_mut().all(Proc::ready) {
+            break; // one ended early: its error comes below
         }
+        for p in &mut procs {
+            // A child that went away is reported by finish().
+            let _ = p.stdin.write_all(b"go\n").and_then(|()| p.stdin.flush());
+        }
+        progress.step();
     }
     let results = procs
         .into_iter()
         .enumerate()
         .map(|(i, p)| p.finish(i))
         .collect::<Result<Vec<_>, _>>()?;
-    let rows = gather(&results)?;
-    match a.format {
-        Format::Json => println!("{}", serde_json::to_string_pretty(&to_json(a, &rows)).expect("JSON")),
-        _ => print!("{}", table(a, &rows)),
-    }
-    Ok(())
+    gather(&results)
 }
 
 /// Each process's rows, matched by point and mode (the first process's order).
@@ -233,7 +267,7 @@ pub(crate) fn gather(results: &[Value]) -> Result<Vec<Row>, String> {
 }
 
 /// Native's slowest over this row's slowest at the same point (above 1: faster than native).
-fn ratio(rows: &[Row], r: &Row) -> Option<f64> {
+pub(crate) fn ratio(rows: &[Row], r: &Row) -> Option<f64> {
     let native = rows.iter().find(|n| n.at == r.at && n.mode == "native")?;
     Some(native.slowest() / r.slowest())
 }

@@ -1,7 +1,8 @@
 //! `zerofault report`: the headline suite in one command. Sequential first touch over threads
 //! 1..ncpu and cache lines 1..64, random first touch (dense and sparse), and the seed
 //! mechanisms switched off one at a time, seed 003's allocate-touch-free loop; every kernel
-//! baseline beside the engine; then the zeroing methods' table (`bench-zero`). Writes
+//! baseline beside the engine; a busy machine (beside two CPU hogs, then 2 and 4 processes at
+//! once); then the zeroing methods' table (`bench-zero`). Writes
 //! DIR/BENCHMARKS.md (tables, ratios to native, plots), the plots as PNG, and every row as
 //! DIR/benchmarks.json.
 
@@ -50,15 +51,14 @@ pub(crate) struct Suite {
     pub(crate) args: BenchArgs,
 }
 
-pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
-    let threads: Vec<usize> = (1..=cpus).collect();
-    let every: Vec<Mode> = Base::ALL.into_iter().map(Mode::plain).collect();
-    let base = BenchArgs {
+/// Every mode, sequential first touch by threads 1..=cpus, one cache line a page.
+fn base_args(r: &ReportArgs, cpus: usize) -> BenchArgs {
+    BenchArgs {
         gb: r.gb,
         reps: r.reps,
-        threads: threads.clone(),
+        threads: (1..=cpus).collect(),
         cachelines: vec![1],
-        modes: every.clone(),
+        modes: Base::ALL.into_iter().map(Mode::plain).collect(),
         pattern: Pattern::Seq,
         touch: 1.0,
         loops: 1,
@@ -68,7 +68,11 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
         plot: None,
         pin: false,
         quiet: r.quiet,
-    };
+    }
+}
+
+pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
+    let base = base_args(r, cpus);
     let variant = |s: &str| Mode::parse(s).expect("report modes parse");
     vec![
         Suite {
@@ -150,11 +154,53 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
                     variant("engine-cold:recycle=off"),
                     Mode::plain(Base::Floor),
                 ],
+                ..base.clone()
+            },
+        },
+        Suite {
+            id: "busy",
+            title: "Busy machine: two CPU hogs",
+            about: "One thread's first touch while two CPU hogs (processes of their own, at \
+                    normal priority) keep both CPUs busy, as on a loaded server or a build \
+                    machine. The engine's scrub works only while it finds a CPU to itself, and \
+                    its handler asks for the shortest slice; the hogs run for the whole sweep.",
+            args: BenchArgs {
+                threads: vec![1],
+                busy: 2,
+                modes: busy_modes(),
                 ..base
             },
         },
     ]
 }
+
+/// The modes of the busy-machine sections.
+fn busy_modes() -> Vec<Mode> {
+    [Base::Native, Base::Thp, Base::Engine, Base::EngineCold]
+        .into_iter()
+        .map(Mode::plain)
+        .collect()
+}
+
+/// Processes at once in the "several processes" section.
+pub(crate) const PROCS: [u32; 2] = [2, 4];
+
+/// The sweep each process of the "several processes" section runs: one thread's first touch,
+/// `n` such processes at once.
+pub(crate) fn procs_args(r: &ReportArgs, n: u32) -> BenchArgs {
+    BenchArgs {
+        procs: n,
+        modes: busy_modes(),
+        ..base_args(r, 1)
+    }
+}
+
+/// The "several processes" section's title and what it shows.
+const PROCS_TITLE: &str = "Busy machine: several processes at once";
+const PROCS_ABOUT: &str = "The same first touch in 2 and then 4 processes at once, each timed run of \
+    every process started together (`bench --procs`): under the shim, each process has its own \
+    engine, and they share the CPUs (and a machine-wide state) as a build farm's or a server's \
+    processes do. What a user waits for is the slowest process.";
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian.
 pub(crate) fn civil(days: i64) -> (i64, u32, u32) {
@@ -244,10 +290,46 @@ fn zeroing_about(cold_bytes: usize) -> String {
     )
 }
 
+/// The "several processes" section's results: per number of processes, its sweep and rows.
+pub(crate) type ProcsDone = Vec<(BenchArgs, Vec<crate::procs::Row>)>;
+
+/// The "several processes" section: a table per number of processes.
+fn procs_markdown(number: usize, procs: &ProcsDone) -> String {
+    let mut s = format!("## {number}. {PROCS_TITLE}\n\n{PROCS_ABOUT}\n\n");
+    for (a, rows) in procs {
+        s += &format!(
+            "`zerofault bench {} --procs {}`\n\n",
+            crate::procs::flags(a).join(" "),
+            a.procs
+        );
+        s += "| mode |";
+        for i in 1..=a.procs {
+            s += &format!(" process {i} wall s |");
+        }
+        s += " slowest s | slowest, native's over it |\n|---|";
+        s += &"---:|".repeat(a.procs as usize + 2);
+        s += "\n";
+        for r in rows {
+            s += &format!("| `{}` |", r.mode);
+            for w in &r.walls {
+                s += &format!(" {w:.3} |");
+            }
+            s += &format!(
+                " {:.3} | {} |\n",
+                r.slowest(),
+                crate::procs::ratio(rows, r).map_or("-".into(), |x| format!("{x:.2}x"))
+            );
+        }
+        s += "\n";
+    }
+    s
+}
+
 pub(crate) fn markdown(
     r: &ReportArgs,
     m: &Machine,
     done: &[(Suite, Vec<Row>)],
+    procs: &ProcsDone,
     zero: &crate::zeroing::Table,
     took: f64,
 ) -> String {
@@ -323,9 +405,14 @@ pub(crate) fn markdown(
             );
         }
     }
+    let mut next = done.len() + 1;
+    if !procs.is_empty() {
+        s += &procs_markdown(next, procs);
+        next += 1;
+    }
     s += &format!(
         "## {}. {ZEROING_TITLE}\n\n{}\n\n`zerofault bench-zero`\n\n{}\n",
-        done.len() + 1,
+        next,
         zeroing_about(zero.cold_bytes),
         zero.markdown()
     );
@@ -343,13 +430,20 @@ pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
         .map_err(|e| e.replace("zerofault bench", "zerofault report"))?;
     std::fs::create_dir_all(&r.out).map_err(|e| format!("--out {}: {e}", r.out.display()))?;
     let t0 = Instant::now();
-    let total = suites.iter().map(|s| s.args.runs()).sum();
+    let procs_args: Vec<BenchArgs> = PROCS.iter().map(|&n| procs_args(r, n)).collect();
+    let total =
+        suites.iter().map(|s| s.args.runs()).sum::<usize>() + procs_args.iter().map(BenchArgs::runs).sum::<usize>();
     let mut done = vec![];
+    let mut procs: ProcsDone = vec![];
     {
         let progress = Progress::new(total, r.quiet);
         for suite in suites {
             let rows = bench::run(&suite.args, &progress)?;
             done.push((suite, rows));
+        }
+        for a in procs_args {
+            let rows = crate::procs::measure(&a, &crate::procs::flags(&a), &progress)?;
+            procs.push((a, rows));
         }
     }
     if !r.quiet {
@@ -379,11 +473,17 @@ pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
         let p = r.out.join(name);
         std::fs::write(&p, text).map_err(|e| format!("--out {}: {e}", p.display()))
     };
-    write("BENCHMARKS.md", markdown(r, &m, &done, &zero, took))?;
+    write("BENCHMARKS.md", markdown(r, &m, &done, &procs, &zero, took))?;
+    let procs_json: Vec<_> = procs.iter().map(|(a, rows)| crate::procs::to_json(a, rows)).collect();
     write(
         "benchmarks.json",
-        serde_json::to_string_pretty(&json!({ "machine": m.json(), "suites": all, "zeroing": zero.json() }))
-            .expect("JSON")
+        serde_json::to_string_pretty(&json!({
+            "machine": m.json(),
+            "suites": all,
+            "procs": procs_json,
+            "zeroing": zero.json(),
+        }))
+        .expect("JSON")
             + "\n",
     )?;
     eprintln!(
@@ -438,8 +538,13 @@ mod tests {
         }
         assert_eq!(s[4].args.loops, 10, "seed 003's benchmark");
         assert!(s[4].args.modes.iter().any(|x| x.name() == "engine-cold:recycle=off"));
+        assert_eq!((s[5].args.busy, s[5].args.threads.as_slice()), (2, [1].as_slice()));
+        let names: Vec<String> = s[5].args.modes.iter().map(Mode::name).collect();
+        assert_eq!(names, ["native", "thp", "engine", "engine-cold"]);
         let runs: usize = s.iter().map(|x| x.args.runs()).sum();
-        assert_eq!(runs, 3 * (14 * 6 + 2 * 6 + 2 * 6 + 2 * 10 + 2 * 6));
+        assert_eq!(runs, 3 * (14 * 6 + 2 * 6 + 2 * 6 + 2 * 10 + 2 * 6 + 4));
+        let p = procs_args(&parse(&[]).unwrap(), 4);
+        assert_eq!((p.procs, p.threads.as_slice(), p.busy), (4, [1].as_slice(), 0));
     }
 
     #[test]
@@ -460,7 +565,28 @@ mod tests {
             cold_bytes: 64 << 20,
             error: None,
         };
-        let md = markdown(&r, &machine(), &done, &zero, 95.0);
+        let procs: ProcsDone = vec![(
+            procs_args(&r, 2),
+            vec![
+                crate::procs::Row {
+                    at: crate::bench::Point {
+                        threads: 1,
+                        cachelines: 1,
+                    },
+                    mode: "native".into(),
+                    walls: vec![1.0, 2.0],
+                },
+                crate::procs::Row {
+                    at: crate::bench::Point {
+                        threads: 1,
+                        cachelines: 1,
+                    },
+                    mode: "engine".into(),
+                    walls: vec![0.5, 0.25],
+                },
+            ],
+        )];
+        let md = markdown(&r, &machine(), &done, &procs, &zero, 95.0);
         assert!(md.contains("**Machine:** Linux 6.8.0 | Test CPU"), "{md}");
         assert!(md.contains("![Sequential first touch: threads and cache lines](seq.png)"));
         assert!(
@@ -475,8 +601,15 @@ mod tests {
         );
         assert!(md.contains("**Headline**") && md.contains("| 1 | 10.00x |"), "{md}");
         assert!(
-            md.contains("## 2. Zeroing methods\n") && md.contains("- `dsa`: no work queue"),
-            "the zeroing section follows the suites: {md}"
+            md.contains("## 2. Busy machine: several processes at once\n")
+                && md.contains("--mode native,thp,engine,engine-cold --procs 2`")
+                && md.contains("| `native` | 1.000 | 2.000 | 2.000 | 1.00x |")
+                && md.contains("| `engine` | 0.500 | 0.250 | 0.500 | 4.00x |"),
+            "the processes section follows the suites: {md}"
+        );
+        assert!(
+            md.contains("## 3. Zeroing methods\n") && md.contains("- `dsa`: no work queue"),
+            "the zeroing section follows them: {md}"
         );
     }
 
