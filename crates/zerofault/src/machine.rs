@@ -19,7 +19,7 @@
 use crate::page::PAGE_SIZE;
 use crate::sys::machine::{self as file, Refused};
 use std::ffi::CString;
-use std::sync::atomic::{AtomicI32, AtomicU32, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// "ZFMACH02", little-endian (01 had one heartbeat a slot).
@@ -82,12 +82,19 @@ pub(crate) struct Machine {
     /// The mapped page and our slot in it; `None`: alone.
     at: Option<(usize, usize)>,
     cpus: u32,
+    /// Set by [`Machine::release`]: the slot may be another process's now, and nothing of
+    /// ours reads or writes it any more (alone from then on).
+    released: AtomicBool,
 }
 
 impl Machine {
     /// Working as if alone: every rule allows.
     pub(crate) fn alone() -> Machine {
-        Machine { at: None, cpus: 0 }
+        Machine {
+            at: None,
+            cpus: 0,
+            released: AtomicBool::new(false),
+        }
     }
 
     /// The user's state (`runtime_dir`: `XDG_RUNTIME_DIR`, read by the caller), with a slot
@@ -107,10 +114,14 @@ impl Machine {
         Ok(Machine {
             at: Some((addr, slot)),
             cpus,
+            released: AtomicBool::new(false),
         })
     }
 
     fn page(&self) -> Option<(&Page, &Slot)> {
+        if self.released.load(Acquire) {
+            return None;
+        }
         let (addr, slot) = self.at?;
         // SAFETY: as in open_at: a live shared page of atomics.
         let page = unsafe { &*(addr as *const Page) };
@@ -144,7 +155,7 @@ impl Machine {
     /// Whether a scrub of ours may step now: other processes' stepping scrubs leave a CPU to
     /// programs. Always when alone.
     pub(crate) fn scrub_may_step(&self) -> bool {
-        if self.at.is_none() {
+        if self.page().is_none() {
             return true;
         }
         let (working, _) = self.others();
@@ -155,7 +166,7 @@ impl Machine {
     /// and the thread whose faults it waits for among them): with other processes' stepping
     /// scrubs and polling handlers they still fit the CPUs, as `busy` alone must.
     pub(crate) fn handler_may_poll(&self, busy: u32) -> bool {
-        if self.at.is_none() {
+        if self.page().is_none() {
             return true;
         }
         let (working, polling) = self.others();
@@ -189,15 +200,16 @@ impl Machine {
     /// threads still do (a slot without a pid counts for nothing).
     pub(crate) fn release(&self) {
         if let Some((_, s)) = self.page() {
-            s.pid.store(0, Release);
+            self.released.store(true, Release);
             s.working.store(0, Relaxed);
             s.polling.store(0, Relaxed);
+            s.pid.store(0, Release);
         }
     }
 
     /// Whether the state is shared (a slot claimed).
     pub(crate) fn is_shared(&self) -> bool {
-        self.at.is_some()
+        self.page().is_some()
     }
 }
 
@@ -466,6 +478,14 @@ mod tests {
         let (_, b_slot) = b.page().unwrap();
         b.release();
         assert_eq!((b_slot.pid.load(Relaxed), b_slot.working.load(Relaxed)), (0, 0));
+        // Its threads still at work write nothing there any more (the slot may be another
+        // process's by now).
+        b_slot.pid.store(1, Relaxed);
+        b.scrub_stepping(true);
+        b.handler_polling(true);
+        assert_eq!((b_slot.working.load(Relaxed), b_slot.polling.load(Relaxed)), (0, 0));
+        assert!(b.scrub_may_step() && !b.is_shared());
+        b_slot.pid.store(0, Relaxed);
         // Alone: everything allowed.
         let alone = Machine::alone();
         assert!(alone.scrub_may_step() && alone.handler_may_poll(100));
