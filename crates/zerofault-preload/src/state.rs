@@ -408,36 +408,13 @@ fn start() {
     STATE.store(READY, Release);
 }
 
-/// The value of knob `knob`'s variable (`ZEROFAULT_<KNOB>`), read straight from `environ` (no
-/// std::env: it may not be set up yet), borrowed: nothing is allocated at load.
-/// The value of the environment variable `name`, read straight from `environ` (in the
-/// constructor, as [`env_lookup`]).
-fn environ_lookup(name: &[u8]) -> Option<&'static str> {
+/// The value of the first `environ` entry for which `value_at` gives the offset of its value,
+/// read straight from `environ` (no std::env: it may not be set up yet), borrowed: nothing is
+/// allocated at load.
+fn environ_find(value_at: impl Fn(&[u8]) -> Option<usize>) -> Option<&'static str> {
     extern "C" {
         static environ: *const *const c_char;
     }
-    // SAFETY: as env_lookup's.
-    unsafe {
-        let mut p = environ;
-        if p.is_null() {
-            return None;
-        }
-        while !(*p).is_null() {
-            let kv = CStr::from_ptr(*p).to_bytes();
-            if kv.len() > name.len() && kv.starts_with(name) && kv[name.len()] == b'=' {
-                return std::str::from_utf8(&kv[name.len() + 1..]).ok();
-            }
-            p = p.add(1);
-        }
-    }
-    None
-}
-
-fn env_lookup(knob: &str) -> Option<&'static str> {
-    extern "C" {
-        static environ: *const *const c_char;
-    }
-    const PREFIX: &[u8] = b"ZEROFAULT_";
     // SAFETY: environ is the process's NULL-terminated array of NUL-terminated strings; it is
     // read in the constructor, before the program's main can change it, and its strings live
     // for the whole process (we keep only what the options parse needs, during the parse).
@@ -448,17 +425,33 @@ fn env_lookup(knob: &str) -> Option<&'static str> {
         }
         while !(*p).is_null() {
             let kv = CStr::from_ptr(*p).to_bytes();
-            let name = kv.get(PREFIX.len()..PREFIX.len() + knob.len());
-            if kv.starts_with(PREFIX)
-                && name.is_some_and(|n| n.eq_ignore_ascii_case(knob.as_bytes()))
-                && kv.get(PREFIX.len() + knob.len()) == Some(&b'=')
-            {
-                return std::str::from_utf8(&kv[PREFIX.len() + knob.len() + 1..]).ok();
+            if let Some(at) = value_at(kv) {
+                return std::str::from_utf8(&kv[at..]).ok();
             }
             p = p.add(1);
         }
     }
     None
+}
+
+/// The value of the environment variable `name` (in the constructor, as [`env_lookup`]).
+fn environ_lookup(name: &[u8]) -> Option<&'static str> {
+    environ_find(|kv| {
+        (kv.len() > name.len() && kv.starts_with(name) && kv[name.len()] == b'=').then_some(name.len() + 1)
+    })
+}
+
+/// The value of knob `knob`'s variable (`ZEROFAULT_<KNOB>`, the name in any case).
+fn env_lookup(knob: &str) -> Option<&'static str> {
+    const PREFIX: &[u8] = b"ZEROFAULT_";
+    let end = PREFIX.len() + knob.len();
+    environ_find(|kv| {
+        let name = kv.get(PREFIX.len()..end);
+        (kv.starts_with(PREFIX)
+            && name.is_some_and(|n| n.eq_ignore_ascii_case(knob.as_bytes()))
+            && kv.get(end) == Some(&b'='))
+        .then_some(end + 1)
+    })
 }
 
 #[used]
