@@ -22,7 +22,8 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
-/// "ZFMACH02", little-endian (01 had one heartbeat a slot).
+/// "ZFMACH02", little-endian (01 had one heartbeat a slot). Its version is in the file's name
+/// too (`sys::machine::path`).
 const MAGIC: u64 = u64::from_le_bytes(*b"ZFMACH02");
 
 /// A slot whose beat is older than this counts for nothing.
@@ -315,7 +316,7 @@ mod tests {
     #[test]
     fn a_missing_file_is_made_private_and_one_page_with_our_header() {
         let d = dir("missing");
-        let f = d.join("zerofault.machine");
+        let f = d.join("zerofault-2.machine");
         let m = Machine::open_at(&c(&f), 2).unwrap();
         assert!(m.is_shared());
         let md = std::fs::metadata(&f).unwrap();
@@ -349,7 +350,7 @@ mod tests {
     fn the_runtime_directory_is_used_only_when_private() {
         let d = dir("runtime");
         let p = file::path(Some(d.to_str().unwrap())).unwrap();
-        assert_eq!(p.to_str().unwrap(), d.join("zerofault.machine").to_str().unwrap());
+        assert_eq!(p.to_str().unwrap(), d.join("zerofault-2.machine").to_str().unwrap());
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         let p = file::path(Some(d.to_str().unwrap())).unwrap();
         assert!(p.to_str().unwrap().starts_with("/dev/shm/zerofault-"), "{p:?}");
