@@ -297,16 +297,11 @@ pub fn thp_available() -> bool {
 /// thread only asks for the answer ([`pt_reclaim_known`]).
 static PT_RECLAIM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
-/// The process's page-table kilobytes (`VmPTE` of /proc/self/status), read into a buffer on the
-/// stack: the scrub thread allocates nothing for it (each size class a growing String passes
-/// through would take the engine's allocator a 256 KiB chunk, which a later `mlockall` of the
-/// program's locks).
+/// The process's page-table kilobytes (`VmPTE`), read into a buffer on the stack: the scrub
+/// thread allocates nothing for it (each size class a growing String passes through would take
+/// the engine's allocator a 256 KiB chunk, which a later `mlockall` of the program's locks).
 fn vm_pte() -> Option<usize> {
-    let mut buf = [0u8; 4096];
-    let n = super::numa::read_small(b"/proc/self/status\0", &mut buf)?;
-    let s = std::str::from_utf8(&buf[..n]).ok()?;
-    let l = s.lines().find(|l| l.starts_with("VmPTE:"))?;
-    l.split_whitespace().nth(1)?.parse().ok()
+    super::thread::status_field("VmPTE").and_then(|kb| usize::try_from(kb).ok())
 }
 
 /// [`PT_RECLAIM`], probed now if nobody did.

@@ -770,14 +770,21 @@ pub(crate) fn loadavg_1min() -> Option<f64> {
     s.split_whitespace().next()?.parse().ok()
 }
 
-/// A numeric field of this process's `/proc/self/status` ("TracerPid:\t123"), read with raw
-/// system calls into a buffer on the stack (no allocation: engine threads call it).
-fn status_field(name: &str) -> Option<u64> {
+/// A numeric field of this process's `/proc/self/status` ("TracerPid:\t123", "VmPTE:\t 88 kB":
+/// the number, without its unit), read with raw system calls into a buffer on the stack (no
+/// allocation: engine threads call it).
+pub(crate) fn status_field(name: &str) -> Option<u64> {
     let mut buf = [0u8; 4096];
     let n = super::numa::read_small(b"/proc/self/status\0", &mut buf)?;
     let text = std::str::from_utf8(&buf[..n]).ok()?;
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(':')?.trim().parse().ok())
+    text.lines().find_map(|l| {
+        l.strip_prefix(name)?
+            .strip_prefix(':')?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
 }
 
 /// Whether the process asked for no transparent huge pages (`prctl(PR_SET_THP_DISABLE)`,
@@ -901,6 +908,16 @@ mod tests {
         assert_eq!(SEVEN.with(|c| c.get()), 9);
         // SAFETY: as above.
         assert_eq!(unsafe { *libc::__errno_location() }, 5);
+    }
+
+    #[test]
+    fn status_fields_are_read_with_or_without_a_unit() {
+        assert!(status_field("Threads").is_some_and(|n| n >= 1));
+        assert!(
+            status_field("VmPTE").is_some_and(|kb| kb > 0),
+            "a field with kB after it"
+        );
+        assert_eq!(status_field("NoSuchField"), None);
     }
 
     #[test]
