@@ -4,14 +4,14 @@
 //!
 //! One page, mapped shared from a file of the user's (`sys::machine` finds and checks it): a
 //! header, then one slot per process, claimed at start. A slot says how many of its process's
-//! scrub threads are in a step and how many handlers poll, with a heartbeat; a slot whose beat
-//! is older than [`STALE`] counts for nothing (a process killed in the middle of a step).
-//! The rules, on `cpus` online CPUs:
+//! scrub threads are in a step and how many handlers poll, each count with its heartbeat; a
+//! count whose beat is more than [`STALE`] away counts for nothing (a process killed in the
+//! middle of a step). The rules, on `cpus` online CPUs:
 //! - **Scrubs.** At most `cpus - 1` scrub threads step at once on the machine (at least one):
-//!   a CPU stays for the programs' own threads. A scrub that finds the others at that number
-//!   rests as it does on a busy machine.
-//! - **Polling handlers.** A handler polls only while the scrubs stepping and the handlers
-//!   polling on the whole machine leave a CPU free beside it.
+//!   a CPU stays for the programs' own threads. A scrub that finds the other processes' at
+//!   that number rests a moment, as it does on a busy machine.
+//! - **Polling handlers.** A handler polls only while other processes' stepping scrubs and
+//!   polling handlers, with its own process's busy threads, fit the CPUs.
 //!
 //! Fail open: no file, a file refused, a full table or a corrupt header give
 //! [`Machine::alone`], and every rule then allows what the engine did alone.
@@ -26,10 +26,10 @@ use std::time::Duration;
 /// too (`sys::machine::path`).
 const MAGIC: u64 = u64::from_le_bytes(*b"ZFMACH02");
 
-/// A slot whose beat is older than this counts for nothing.
+/// A count whose beat is further than this from now counts for nothing.
 pub(crate) const STALE: Duration = Duration::from_secs(1);
-const STALE_NS: u64 = 1_000_000_000;
-const _: () = assert!(STALE.as_secs() == 1 && STALE.subsec_nanos() == 0);
+/// [`STALE`] in the beats' unit.
+const STALE_NS: u64 = STALE.as_secs() * 1_000_000_000 + STALE.subsec_nanos() as u64;
 
 #[repr(C)]
 struct Header {
@@ -106,9 +106,9 @@ impl Machine {
 
     /// [`Machine::open`] of the file at `path`.
     pub(crate) fn open_at(path: &CString, cpus: u32) -> Result<Machine, Refused> {
-        let (addr, _fresh) = file::open(path, &init, &valid)?;
-        // SAFETY: `valid` checked the magic of a page-sized shared mapping that lives as long as
-        // the process (never unmapped); every field is an atomic, so any bytes are a valid Page.
+        let addr = file::open(path, &init, &valid)?;
+        // SAFETY: `valid` checked the magic of a page-sized shared mapping that lives until this
+        // Machine drops; every field is an atomic, so any bytes are a valid Page.
         let page = unsafe { &*(addr as *const Page) };
         let pid = file::getpid();
         let slot = claim(page, pid).ok_or(Refused::Full)?;
@@ -124,7 +124,7 @@ impl Machine {
             return None;
         }
         let (addr, slot) = self.at?;
-        // SAFETY: as in open_at: a live shared page of atomics.
+        // SAFETY: as in open_at: a shared page of atomics, mapped while `at` is set.
         let page = unsafe { &*(addr as *const Page) };
         Some((page, &page.slots[slot]))
     }
@@ -245,8 +245,7 @@ fn init(addr: usize) {
     let _ = page.header.magic.compare_exchange(0, MAGIC, Release, Relaxed);
 }
 
-/// Whether the page holds our header. A file made by another process that has not written its
-/// header yet reads as not ours: this process then works alone.
+/// Whether the page holds our header (after [`init`], which writes it where it is all zero).
 fn valid(addr: usize) -> bool {
     // SAFETY: a page-sized shared mapping; atomics over any bytes.
     let page = unsafe { &*(addr as *const Page) };

@@ -111,14 +111,10 @@ pub(crate) fn path(runtime_dir: Option<&str>) -> Option<CString> {
 }
 
 /// The file at `path` mapped shared, one page, read and write, its page allocated and mapped
-/// now (a full tmpfs refuses it here, not with a SIGBUS later); `fresh` when this call made
-/// it. `init` writes the header where it is all zero (a file just made here or by another
+/// now (a full tmpfs refuses it here, not with a SIGBUS later): the mapping's address. `init`
+/// writes the header where it is all zero (a file just made here or by another
 /// process), and `valid` checks the header of every file: `Refused::Header` when it fails.
-pub(crate) fn open(
-    path: &CString,
-    init: &dyn Fn(usize),
-    valid: &dyn Fn(usize) -> bool,
-) -> Result<(usize, bool), Refused> {
+pub(crate) fn open(path: &CString, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -> Result<usize, Refused> {
     let flags = libc::O_RDWR | libc::O_CREAT | libc::O_NOFOLLOW | libc::O_CLOEXEC;
     // SAFETY: openat of a NUL-terminated path; creates with mode 0600 (less the umask).
     let fd = unsafe {
@@ -144,7 +140,7 @@ pub(crate) fn open(
     mapped
 }
 
-fn map_checked(fd: usize, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -> Result<(usize, bool), Refused> {
+fn map_checked(fd: usize, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -> Result<usize, Refused> {
     let st = stat_of(Some(fd), &CString::default(), false).map_err(|e| Refused::Call("fstat", e.0))?;
     if st.st_mode & libc::S_IFMT != libc::S_IFREG {
         return Err(Refused::NotFile);
@@ -159,8 +155,7 @@ fn map_checked(fd: usize, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -
         return Err(Refused::Links(st.st_nlink));
     }
     let size = u64::try_from(st.st_size).unwrap_or(u64::MAX);
-    let fresh = size == 0;
-    if fresh {
+    if size == 0 {
         // SAFETY: sizes the file we just made (or found empty) to one page of zeros.
         unsafe { raw::call(libc::SYS_ftruncate, [fd, PAGE_SIZE, 0, 0, 0, 0]) }
             .map_err(|e| Refused::Call("ftruncate", e.0))?;
@@ -189,7 +184,7 @@ fn map_checked(fd: usize, init: &dyn Fn(usize), valid: &dyn Fn(usize) -> bool) -
         unmap(addr);
         return Err(Refused::Header);
     }
-    Ok((addr, fresh))
+    Ok(addr)
 }
 
 /// Unmaps a page [`open`] mapped.
