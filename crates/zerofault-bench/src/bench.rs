@@ -213,6 +213,9 @@ pub(crate) enum Pattern {
     Random,
     /// Every K-th page, then the pages after those, and so on: each page once.
     Stride(usize),
+    /// As `Seq`, each page read (its first byte) before it is written: a checksum of a new
+    /// buffer, `if (p[i] == 0)` on a fresh table.
+    ReadWrite,
 }
 
 impl Pattern {
@@ -221,13 +224,20 @@ impl Pattern {
             Pattern::Seq => "seq".into(),
             Pattern::Random => "random".into(),
             Pattern::Stride(k) => format!("stride:{k}"),
+            Pattern::ReadWrite => "readwrite".into(),
         }
+    }
+
+    /// Each page is read before it is written.
+    pub(crate) fn reads_first(self) -> bool {
+        self == Pattern::ReadWrite
     }
 
     fn parse(s: &str) -> Option<Pattern> {
         match s {
             "seq" => Some(Pattern::Seq),
             "random" => Some(Pattern::Random),
+            "readwrite" => Some(Pattern::ReadWrite),
             other => {
                 let k = other.strip_prefix("stride:")?.parse::<usize>().ok()?;
                 (1..=1 << 20).contains(&k).then_some(Pattern::Stride(k))
@@ -319,7 +329,7 @@ pub(crate) fn parse(args: &[String]) -> Result<BenchArgs, String> {
         pattern: p.get(
             "pattern",
             d.pattern,
-            "seq, random or stride:K (K 1..=1048576)",
+            "seq, random, readwrite or stride:K (K 1..=1048576)",
             Pattern::parse,
         )?,
         touch: p.get("touch", d.touch, "a fraction 0 < F <= 1", |s| {
@@ -394,7 +404,7 @@ pub(crate) fn touch_lists(pattern: Pattern, touch: f64, threads: usize, pages: u
             let first = (t * share) as u32;
             let n = ((share as f64 * touch).round() as usize).clamp(1, share);
             let mut idx: Vec<u32> = match pattern {
-                Pattern::Seq | Pattern::Random => (first..first + share as u32).collect(),
+                Pattern::Seq | Pattern::Random | Pattern::ReadWrite => (first..first + share as u32).collect(),
                 Pattern::Stride(k) => (0..k.min(share))
                     .flat_map(|off| (off..share).step_by(k))
                     .map(|i| first + i as u32)
@@ -428,7 +438,8 @@ struct Job {
 }
 
 /// Runs the touch phase on `base` with one thread per job; returns (user, sys, wall) seconds.
-fn timed_touch(base: usize, jobs: Vec<Job>, cachelines: usize) -> Result<(f64, f64, f64), String> {
+fn timed_touch(base: usize, jobs: Vec<Job>, at: Point, pattern: Pattern) -> Result<(f64, f64, f64), String> {
+    let (cachelines, read_first) = (at.cachelines, pattern.reads_first());
     let n = jobs.len();
     let barrier = Arc::new(Barrier::new(n + 1));
     let handles: Vec<_> = jobs
@@ -444,6 +455,10 @@ fn timed_touch(base: usize, jobs: Vec<Job>, cachelines: usize) -> Result<(f64, f
                 }
                 for &p in &job.list {
                     let page = base + p as usize * PAGE_SIZE;
+                    if read_first {
+                        // SAFETY: as the writes below.
+                        std::hint::black_box(unsafe { (page as *const u8).read_volatile() });
+                    }
                     for c in 0..cachelines {
                         // SAFETY: `base` is a live read-write mapping covering every listed
                         // page for the whole run (the caller keeps it mapped until the threads
@@ -513,7 +528,7 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
         if mode.base == Base::Floor {
             populate_write(base, bytes).map_err(|e| format!("MADV_POPULATE_WRITE: {e}"))?;
         }
-        let (user, sys, wall) = timed_touch(base, jobs(base, populate), at.cachelines)?;
+        let (user, sys, wall) = timed_touch(base, jobs(base, populate), at, a.pattern)?;
         Ok(Rep {
             user,
             sys,
@@ -542,7 +557,7 @@ fn run_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, Strin
             let region = engine.map(bytes).map_err(|e| format!("engine: {e}"))?;
             let before = engine.stats();
             let base = region.as_ptr() as usize;
-            let (user, sys, wall) = timed_touch(base, jobs(base, false), at.cachelines)?;
+            let (user, sys, wall) = timed_touch(base, jobs(base, false), at, a.pattern)?;
             let stats = engine.stats().since(&before);
             let nodes = engine.node_pools();
             drop(region);
@@ -614,10 +629,15 @@ fn run_loop_rep(a: &BenchArgs, mode: &Mode, at: Point, rep: u32) -> Result<Rep, 
         None
     };
     let before = engine.as_ref().map(Engine::stats);
+    let read_first = a.pattern.reads_first();
     let touch = |base: usize, t: usize, list: &[u32]| {
         let first = t * share_pages;
         for &p in list {
             let page = base + (p as usize - first) * PAGE_SIZE;
+            if read_first {
+                // SAFETY: as the writes below.
+                std::hint::black_box(unsafe { (page as *const u8).read_volatile() });
+            }
             for c in 0..at.cachelines {
                 // SAFETY: `base` is this thread's live read-write share for this round; the
                 // page index lies inside it; c * 64 < 4096.
@@ -891,6 +911,7 @@ mod tests {
         );
         assert_eq!(a.modes[6].base, Base::EngineCold);
         assert_eq!(a.pattern, Pattern::Stride(16));
+        assert_eq!(parse(&args("--pattern readwrite")).unwrap().pattern, Pattern::ReadWrite);
         assert_eq!((a.format, a.pin, a.quiet, a.reps), (Format::Csv, true, true, 5));
         assert_eq!(a.plot, Some(PathBuf::from("x.PNG")));
         assert_eq!(a.runs(), 4 * 3 * 7 * 5);
@@ -994,7 +1015,7 @@ mod tests {
 
     #[test]
     fn touch_lists_cover_each_share_once() {
-        for pattern in [Pattern::Seq, Pattern::Random, Pattern::Stride(7)] {
+        for pattern in [Pattern::Seq, Pattern::Random, Pattern::Stride(7), Pattern::ReadWrite] {
             let pages = 1000;
             let lists = touch_lists(pattern, 0.5, 2, pages, 0);
             assert_eq!(lists.len(), 2);
@@ -1015,7 +1036,7 @@ mod tests {
             s.sort_unstable();
             assert_eq!(s, (0..100).collect::<Vec<u32>>(), "touch 1 covers every page");
             match pattern {
-                Pattern::Seq => assert_eq!(full[0], s),
+                Pattern::Seq | Pattern::ReadWrite => assert_eq!(full[0], s),
                 Pattern::Random => assert_ne!(full[0], s, "shuffled"),
                 Pattern::Stride(_) => assert_eq!(&full[0][..4], [0, 7, 14, 21]),
             }

@@ -12,7 +12,7 @@ zerofault: serve anonymous page faults from a pre-zeroed pool (userfaultfd)
 
 usage:
   zerofault bench  [--gb F] [--reps N] [--threads LIST] [--cachelines LIST] [--mode LIST]
-                   [--pattern seq|random|stride:K] [--touch F] [--loop N] [--pin] [--quiet]
+                   [--pattern seq|random|readwrite|stride:K] [--touch F] [--loop N] [--pin] [--quiet]
                    [--busy N] [--procs N] [--format table|json|csv] [--plot FILE.svg|FILE.png]
       pft: first-touch fault rate of the engine against the kernel. LIST: 1,2,4 or 1..4.
       --loop N: allocate, touch, free N times; --busy N: N CPU hogs beside the run;

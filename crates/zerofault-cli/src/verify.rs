@@ -221,9 +221,11 @@ const PATTERNS: &[Pattern] = &[
         knobs: &[],
         order: sequential,
         visit: Mem::read_then_write,
-        must: "zero-page mappings",
-        prefill: 0,
-        took_path: |s| s.pages_zero_mapped > 0,
+        // The first read window maps the zero page; its samples, written, send the next ones
+        // to the pool (fault/reads.rs).
+        must: "zero-page mappings, then read windows served from the pool",
+        prefill: 16 << 20,
+        took_path: |s| s.pages_zero_mapped > 0 && s.read_windows_pool > 0 && s.pages_moved > 0,
     },
     Pattern {
         name: "copy-forced",

@@ -512,6 +512,12 @@ options! {
     /// natively. `off`: first windows whole, no sparse streams (a strided first touch then
     /// fills pages it never writes).
     probe: Bool = "on",
+    /// Reads before writes take pool pages: a read fault in memory the program went on to
+    /// write (two pages of each read window are left on the zero page and looked at when the
+    /// next read fault comes past them) takes pool pages, huge ones for whole PMDs, as a write
+    /// would, while the pool has 2 MiB ready; elsewhere (memory only read, read-only mappings,
+    /// a short pool) reads map the zero page as natively. `off`: the zero page always.
+    read_pool: Bool = "on",
     /// Fault handler threads reading the one userfaultfd; each serves whichever fault it
     /// reads. `auto`: one per 8 CPUs the process may run on (its affinity when the engine
     /// starts), at least 1, at most 8 (docs/SCALING.md has the measurements behind it).

@@ -52,6 +52,31 @@ pub(crate) struct Range {
     /// Write windows of a PMD or more in a row that the huge ring could not fill
     /// ([`crate::handback::Lending::starved`]).
     pub(crate) starved: AtomicU32,
+    /// Whether the program writes what it reads here (`fault/reads.rs`).
+    pub(crate) reads: Mutex<Reads>,
+}
+
+/// What reads before writes showed in one range (`fault/reads.rs`): the sample pages of the
+/// last read window, and the verdict of the last look at them.
+#[derive(Debug, Default)]
+pub(crate) struct Reads {
+    /// Sample pages (addresses, 0: none) left on the zero page.
+    pub(crate) samples: [usize; 2],
+    /// The samples belong to a window served with pool pages (they count for the stats).
+    pub(crate) pool: bool,
+    pub(crate) verdict: ReadVerdict,
+}
+
+/// See [`Reads`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum ReadVerdict {
+    /// Not looked yet: the zero page.
+    #[default]
+    Unknown,
+    /// Samples were written: pool pages.
+    Writes,
+    /// Samples stayed the zero page: the zero page.
+    OnlyReads,
 }
 
 impl Range {
@@ -141,6 +166,7 @@ impl Table {
             pmds,
             owner,
             misses: Mutex::default(),
+            reads: Mutex::default(),
             handbacks: AtomicU32::new(0),
             own_advice: AtomicBool::new(false),
             loans: AtomicU32::new(0),

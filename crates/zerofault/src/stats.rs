@@ -88,6 +88,16 @@ counters! {
     pages_copied,
     /// Pages mapped to the shared zero page (read faults).
     pages_zero_mapped,
+    /// Read windows served with pool pages (the program writes what it reads: fault/reads.rs).
+    read_windows_pool,
+    /// Pages of those windows.
+    read_pages_pool,
+    /// Sample pages of pool-served read windows found written when the next read fault came
+    /// past them: the choice was right.
+    read_samples_written,
+    /// ... found still the zero page: the choice was wrong (the range's reads map the zero
+    /// page again).
+    read_samples_unwritten,
     /// Faults that started a new sequential stream (first fault of a thread there).
     predict_starts,
     /// Faults the predictor expected: the window grew.

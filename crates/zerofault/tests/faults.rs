@@ -214,6 +214,76 @@ fn read_faults_map_the_zero_page_and_spend_no_pool_pages() {
     );
 }
 
+/// Reads before writes (fault/reads.rs): a program that reads each page, then writes it, gets
+/// pool pages for its read windows once the samples of its first one show the writes; every
+/// byte reads zero before its first write.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn reads_then_writes_take_pool_pages_and_every_byte_reads_zero_first() {
+    let e = engine_with(&[]);
+    e.prefill(96 * MIB).unwrap();
+    let mut r = e.map(64 * MIB).unwrap();
+    let pages = 64 * MIB / PAGE_SIZE;
+    let s = r.as_mut_slice();
+    let mut bad = 0;
+    for p in 0..pages {
+        let page = &mut s[p * PAGE_SIZE..(p + 1) * PAGE_SIZE];
+        // The read comes first: it is the fault.
+        bad += usize::from(!is_zero(page));
+        page[0] = 0xA5;
+    }
+    assert_eq!(bad, 0, "pages that read non-zero before their first write");
+    assert!(r.as_slice().chunks(PAGE_SIZE).all(|p| p[0] == 0xA5 && is_zero(&p[1..])));
+    let st = e.stats();
+    assert_eq!(st.write_faults, 0, "{}", st.to_text());
+    assert!(
+        st.read_windows_pool > 0 && st.read_samples_written > 0,
+        "{}",
+        st.to_text()
+    );
+    assert_eq!(st.read_samples_unwritten, 0, "{}", st.to_text());
+    // The first window of each stream maps the zero page (its samples decide), a few sample
+    // pages each window after: the rest came from the pool.
+    assert!(
+        st.pages_zero_mapped < pages as u64 / 16 && st.pages_moved > pages as u64 / 2,
+        "{}",
+        st.to_text()
+    );
+}
+
+/// A program that only reads fresh memory (1 GiB, every page) keeps its RSS near the native
+/// one (the zero page everywhere): no read window takes pool pages.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_program_that_only_reads_a_gib_stays_as_resident_as_natively() {
+    const NAME: &str = "a_program_that_only_reads_a_gib_stays_as_resident_as_natively";
+    if std::env::var(CHILD).is_err() {
+        // A child of its own: the RSS of this process is shared by every test running in it.
+        let out = run_child(NAME, &[], Duration::from_secs(120));
+        assert!(out.contains("CHILD-OK"), "{out}");
+        print!("{out}");
+        return;
+    }
+    const GIB: usize = 1 << 30;
+    let e = engine_with(&[]);
+    // A pool with pages ready: reads could take them, and must not.
+    e.prefill(64 * MIB).unwrap();
+    let before = rss();
+    let r = e.map(GIB).unwrap();
+    let mut sum = 0u64;
+    for page in r.as_slice().chunks(PAGE_SIZE) {
+        // SAFETY: a byte of the live region.
+        sum += u64::from(unsafe { (page.as_ptr()).read_volatile() });
+    }
+    assert_eq!(sum, 0);
+    let grown = rss().saturating_sub(before);
+    let st = e.stats();
+    println!("1 GiB read: RSS +{grown} bytes; {}", st.to_text().replace('\n', " "));
+    assert_eq!(st.read_windows_pool, 0, "{}", st.to_text());
+    assert!(grown < 64 * MIB, "RSS grew by {grown} bytes reading 1 GiB");
+    println!("CHILD-OK");
+}
+
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn dontneed_then_touch_again_reads_zero_and_is_served_again() {

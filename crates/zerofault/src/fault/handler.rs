@@ -346,6 +346,11 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// An errno no install expects (EPERM under a seccomp filter, EBADF, ...): the handler
     /// stops and fails open.
     pub(crate) fatal: Option<Errno>,
+    /// The fault being served is a read served as a write (reads.rs): where moving is
+    /// refused, or the pool paused, the zero page instead of a copy.
+    pub(crate) reading: bool,
+    /// The sample pages of the read window being served (reads.rs; 0: none).
+    pub(crate) samples: [usize; 2],
 }
 
 impl<'a, K: Kernel> Handler<'a, K> {
@@ -398,6 +403,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
             faults_seen: 0,
             rung: false,
             fatal: None,
+            reading: false,
+            samples: [0; 2],
         }
     }
 

@@ -36,6 +36,10 @@ impl<K: Kernel> Handler<'_, K> {
             }
             None => range.map.claim(w.first, w.end - w.first, &mut runs),
         }
+        if self.reading {
+            // A read served from the pool: its samples stay the zero page (reads.rs).
+            self.samples = self.place_samples(range, self.samples, &runs);
+        }
         let mut woken = false;
         let mut cut: Option<usize> = None;
         // Last run first, for the reason install_write gives.
@@ -243,7 +247,7 @@ impl<K: Kernel> Handler<'_, K> {
             if let Some(r) = range {
                 r.pmds.mark_tables(dst, len);
             }
-            return self.fill_copy(dst, len, None);
+            return self.fill_copy_or_zero(dst, len, None);
         }
         let mut pieces = std::mem::take(&mut self.pieces);
         pieces.clear();
@@ -332,8 +336,18 @@ impl<K: Kernel> Handler<'_, K> {
                 why: Stop::Kernel(Errno(libc::ENOENT)),
             });
         }
-        self.fill_copy(dst + off, len - off, Some(why))
+        self.fill_copy_or_zero(dst + off, len - off, Some(why))
             .map_err(|c| c.offset(off))
+    }
+
+    /// A copy of the zero source; for a read served as a write (`self.reading`, reads.rs)
+    /// where moving was refused (a read-only mapping: `UFFDIO_MOVE` wants the same protection
+    /// on both sides) or the pool is paused, the zero page, as natively.
+    fn fill_copy_or_zero(&mut self, dst: usize, len: usize, after: Option<Stop>) -> Filled {
+        if self.reading && after != Some(Stop::RingEmpty) {
+            return self.fill_zeropage(dst, len);
+        }
+        self.fill_copy(dst, len, after)
     }
 
     /// Moves ready pages of `ring` into `[dst, dst + len)`, one ioctl per contiguous run, until

@@ -75,10 +75,26 @@ impl<K: Kernel> Handler<'_, K> {
             self.install_one(page_addr, write);
             return;
         };
-        if let Some(w) = self.locate(&range, page_addr, write, tid) {
+        // A read in memory the program writes takes pool pages (reads.rs).
+        let take = !write && self.read_takes_pool(&range, page_addr);
+        if let Some(w) = self.locate(&range, page_addr, write || take, tid) {
+            // A read window of 4 KiB pages keeps samples (a huge fault's takes a huge page).
+            let sampled = !write && (take || !w.write);
+            self.samples = match sampled {
+                true => Self::read_samples(&range, page_addr, w.end),
+                false => [0; 2],
+            };
+            self.reading = take;
+            if take {
+                Stats::add(&stats.read_windows_pool, 1);
+                Stats::add(&stats.read_pages_pool, w.end - w.first);
+            }
             self.installing(Some((range.id, w.first, w.end)));
             let cut = self.install_window(&range, page_addr, w);
             self.installing(None);
+            if sampled {
+                Self::keep_samples(&range, self.samples, take);
+            }
             if let Some(p) = cut {
                 // Part of the window was left out (an install gave up: events kept coming, or
                 // memory was short): the thread faults there next, and that fault is the
@@ -92,6 +108,7 @@ impl<K: Kernel> Handler<'_, K> {
                 }
                 drop(entry);
                 Stats::add(&self.stats().windows_cut, 1);
+                self.reading = false;
                 return;
             }
             if let Some((first, end)) = w.ahead {
@@ -102,6 +119,7 @@ impl<K: Kernel> Handler<'_, K> {
                     self.shared.predictors.lock(range.id, tid).get().installed_until(got);
                 }
             }
+            self.reading = false;
         }
     }
 

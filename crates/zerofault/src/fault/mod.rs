@@ -39,11 +39,13 @@ mod ahead;
 mod handler;
 mod install;
 mod locate;
+mod reads;
 #[cfg(test)]
 mod tests;
 
 pub(crate) use handler::{run, tried_bit, Handler, Inflight, EVENT_RETRIES};
 
+pub(crate) use crate::sys::mman::PageState;
 use crate::sys::raw::Errno;
 use crate::sys::uffd::{Msg, Progress, RawMsg, Uffd};
 
@@ -78,6 +80,9 @@ pub(crate) trait Kernel {
     /// The run of accessible (not `PROT_NONE`) mappings holding `addr`, as `[lo, hi)`; `None`
     /// if `addr` is in none.
     fn mapping_of(&self, addr: usize) -> Option<(usize, usize)>;
+    /// The state of each page from `addr` into `out` (see [`PageState`]); false when it
+    /// cannot be known (no /proc, a sandbox).
+    fn page_states(&self, addr: usize, out: &mut [PageState]) -> bool;
 }
 
 impl Kernel for Uffd {
@@ -110,6 +115,14 @@ impl Kernel for Uffd {
 
     fn mapping_of(&self, addr: usize) -> Option<(usize, usize)> {
         crate::sys::mman::accessible_around(addr)
+    }
+
+    fn page_states(&self, addr: usize, out: &mut [PageState]) -> bool {
+        // Opened for each look (a few per 8 MiB read window): a descriptor kept open would
+        // outlive a fork in the child, where /proc/self is someone else.
+        std::fs::File::open("/proc/self/pagemap")
+            .and_then(|f| crate::sys::mman::page_states(&f, addr, out))
+            .is_ok()
     }
 
     fn read(&self, out: &mut [Msg]) -> Result<usize, Errno> {

@@ -42,6 +42,8 @@ struct Fake {
     registered: RefCell<Vec<(usize, usize)>>,
     /// Messages `read` returns.
     pending: RefCell<VecDeque<Msg>>,
+    /// Present pages that map the zero page (installed by `zeropage`, not written since).
+    zero: RefCell<BTreeSet<usize>>,
 }
 
 impl Fake {
@@ -92,7 +94,15 @@ impl Fake {
             }
         }
         present.extend((dst..dst + len).step_by(PAGE_SIZE));
+        if verb == Verb::Zeropage {
+            self.zero.borrow_mut().extend((dst..dst + len).step_by(PAGE_SIZE));
+        }
         Progress { done: len, errno: None }
+    }
+
+    /// The program writes the page at `addr`: a zero page there becomes a page of its own.
+    fn write(&self, addr: usize) {
+        self.zero.borrow_mut().remove(&addr);
     }
 
     /// Whether the thread faulting at `addr` was woken: by a wake, or by an install that put
@@ -135,6 +145,18 @@ impl Kernel for Fake {
             _ if addr < a => Some((0, a)),
             _ => Some((b, usize::MAX)),
         }
+    }
+    fn page_states(&self, addr: usize, out: &mut [super::PageState]) -> bool {
+        use super::PageState;
+        for (i, o) in out.iter_mut().enumerate() {
+            let page = addr + bytes(i as u64);
+            *o = match () {
+                _ if self.zero.borrow().contains(&page) => PageState::ZeroPage,
+                _ if self.present.borrow().contains(&page) => PageState::Own,
+                _ => PageState::Absent,
+            };
+        }
+        true
     }
     fn read(&self, out: &mut [Msg]) -> Result<usize, Errno> {
         let mut pending = self.pending.borrow_mut();
@@ -856,4 +878,110 @@ fn with_two_nodes_an_interleaved_window_alternates_its_pages_between_the_pools()
     assert_eq!((s.pools[0].small.available(), s.pools[1].small.available()), (56, 56));
     let st = s.stats.snapshot();
     assert_eq!((st.numa_hit, st.interleave_hit, st.numa_miss), (16, 16, 0));
+}
+
+/// Reads before writes (reads.rs): a range's first read window maps the zero page and keeps
+/// two samples; a program that wrote them gets pool pages for its next read window, one that
+/// did not gets the zero page again.
+#[test]
+fn a_read_takes_pool_pages_once_the_samples_of_the_last_read_window_were_written() {
+    let s = state(true, 4096, 1024, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), false, 7);
+    assert_eq!(
+        k.calls(),
+        [(Verb::Zeropage, page(0), bytes(16))],
+        "first read: the zero page"
+    );
+    // The samples: the window's last two pages. The program writes what it read.
+    k.write(page(14));
+    k.write(page(15));
+    h.fault(page(16), false, 7);
+    let calls = k.calls();
+    assert_eq!(
+        calls[1],
+        (Verb::Zeropage, page(16 + 62), bytes(1)),
+        "samples first: {calls:?}"
+    );
+    assert_eq!(calls[2], (Verb::Zeropage, page(16 + 63), bytes(1)));
+    assert!(
+        calls[3..].iter().all(|c| c.0 == Verb::Move),
+        "the rest moved: {calls:?}"
+    );
+    let st = s.stats.snapshot();
+    assert_eq!((st.read_windows_pool, st.read_pages_pool, st.pages_moved), (1, 64, 62));
+    assert_eq!(
+        (st.read_samples_written, st.read_samples_unwritten),
+        (0, 0),
+        "zero-page window"
+    );
+    // This time the program only read: the next read window is the zero page, counted wrong.
+    let before = k.calls().len();
+    h.fault(page(80), false, 7);
+    let calls = &k.calls()[before..];
+    assert!(calls.iter().all(|c| c.0 == Verb::Zeropage), "{calls:?}");
+    let st = s.stats.snapshot();
+    assert_eq!((st.read_samples_written, st.read_samples_unwritten), (0, 2));
+    assert_eq!(st.read_windows_pool, 1);
+}
+
+#[test]
+fn a_program_that_only_reads_never_gets_a_pool_page() {
+    let s = state(true, 8192, 2048, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let mut at = 0;
+    for _ in 0..6 {
+        h.fault(page(at), false, 7);
+        at = k
+            .present
+            .borrow()
+            .iter()
+            .max()
+            .map_or(0, |&a| (a - BASE) as u64 / PAGE_SIZE as u64 + 1);
+    }
+    assert!(k.calls().iter().all(|c| c.0 == Verb::Zeropage), "{:?}", k.calls());
+    let st = s.stats.snapshot();
+    assert_eq!((st.read_windows_pool, st.pages_moved, st.pages_copied), (0, 0, 0));
+}
+
+#[test]
+fn a_read_served_from_the_pool_maps_the_zero_page_where_the_move_is_refused() {
+    let s = state(true, 4096, 1024, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), false, 7);
+    k.write(page(14));
+    k.write(page(15));
+    // A read-only mapping: the kernel refuses every move (protections differ).
+    k.none.set((page(16), page(4096)));
+    let before = k.calls().len();
+    h.fault(page(16), false, 7);
+    let calls = &k.calls()[before..];
+    assert!(
+        calls.iter().all(|c| c.0 != Verb::Copy),
+        "no page made for a read: {calls:?}"
+    );
+    assert_eq!(s.stats.snapshot().pages_copied, 0);
+}
+
+#[test]
+fn with_read_pool_off_reads_map_the_zero_page_whatever_the_program_wrote() {
+    let s = state_with(
+        Options {
+            read_pool: false,
+            ..opts(true)
+        },
+        4096,
+        1024,
+        0,
+    );
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    h.fault(page(0), false, 7);
+    k.write(page(14));
+    k.write(page(15));
+    h.fault(page(16), false, 7);
+    assert!(k.calls().iter().all(|c| c.0 == Verb::Zeropage), "{:?}", k.calls());
 }

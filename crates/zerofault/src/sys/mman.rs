@@ -432,7 +432,7 @@ pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize
 pub(crate) fn huge_mapped(addr: usize) -> std::io::Result<bool> {
     let f = std::fs::File::open("/proc/self/pagemap")?;
     let mut whole = false;
-    scan(&f, addr, addr + PMD_SIZE, PAGE_IS_HUGE, PAGE_IS_HUGE, &mut |a, b| {
+    scan(&f, addr, addr + PMD_SIZE, PAGE_IS_HUGE, PAGE_IS_HUGE, &mut |a, b, _| {
         whole |= a <= addr && b >= addr + PMD_SIZE;
     })?;
     Ok(whole)
@@ -440,6 +440,7 @@ pub(crate) fn huge_mapped(addr: usize) -> std::io::Result<bool> {
 
 const PAGE_IS_PRESENT: u64 = 1 << 3;
 const PAGE_IS_SWAPPED: u64 = 1 << 4;
+const PAGE_IS_PFNZERO: u64 = 1 << 5;
 const PAGE_IS_HUGE: u64 = 1 << 6;
 
 /// `PAGEMAP_SCAN` (include/uapi/linux/fs.h): the runs of `[addr, end)` whose pages are present
@@ -450,18 +451,49 @@ pub(crate) fn pagemap_scan(
     end: usize,
     run: &mut impl FnMut(usize, usize),
 ) -> std::io::Result<()> {
-    scan(f, addr, end, PAGE_IS_PRESENT | PAGE_IS_SWAPPED, 0, run)
+    scan(f, addr, end, PAGE_IS_PRESENT | PAGE_IS_SWAPPED, 0, &mut |a, b, _| {
+        run(a, b)
+    })
+}
+
+/// What a page's entry holds, as far as reads before writes care (`fault/reads.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum PageState {
+    /// Nothing: never installed, or discarded since.
+    Absent,
+    /// The shared zero page: read, never written.
+    ZeroPage,
+    /// A page of its own (written since a zero page was mapped there, or installed so).
+    Own,
+}
+
+/// The state of each page of `[addr, addr + bytes(out.len()))` into `out` (`PAGEMAP_SCAN`'s
+/// `PAGE_IS_PFNZERO`: a page table walk, which never faults a page in, so it is safe on memory
+/// the handler serves). `f`: /proc/self/pagemap.
+pub(crate) fn page_states(f: &std::fs::File, addr: usize, out: &mut [PageState]) -> std::io::Result<()> {
+    out.fill(PageState::Absent);
+    let end = addr + out.len() * PAGE_SIZE;
+    scan(f, addr, end, PAGE_IS_PRESENT, 0, &mut |a, b, categories| {
+        let state = if categories & PAGE_IS_PFNZERO != 0 {
+            PageState::ZeroPage
+        } else {
+            PageState::Own
+        };
+        for page in (a.max(addr)..b.min(end)).step_by(PAGE_SIZE) {
+            out[(page - addr) / PAGE_SIZE] = state;
+        }
+    })
 }
 
 /// `PAGEMAP_SCAN` of `[addr, end)`: the runs with any of the categories `anyof` and all of
-/// `all`, passed to `run(start, end)`.
+/// `all`, passed to `run(start, end, categories)` (`PAGE_IS_PFNZERO` among those returned).
 fn scan(
     f: &std::fs::File,
     addr: usize,
     end: usize,
     anyof: u64,
     all: u64,
-    run: &mut impl FnMut(usize, usize),
+    run: &mut impl FnMut(usize, usize, u64),
 ) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
     #[repr(C)]
@@ -504,7 +536,7 @@ fn scan(
             category_inverted: 0,
             category_mask: all,
             category_anyof_mask: anyof,
-            return_mask: anyof | all,
+            return_mask: anyof | all | PAGE_IS_PFNZERO,
         };
         // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len` regions into
         // `regions`, which outlives the call; it changes no mapping (no write-protect flags).
@@ -523,7 +555,7 @@ fn scan(
         }
         .map_err(|e| e.to_io())?;
         for r in &regions[..n.min(regions.len())] {
-            run(crate::page::index(r.start), crate::page::index(r.end));
+            run(crate::page::index(r.start), crate::page::index(r.end), r.categories);
         }
         let walked = crate::page::index(arg.walk_end);
         if walked <= at {
