@@ -405,8 +405,8 @@ impl Arena {
     }
 
     /// Grows the block at `p` in place to hold `size` bytes from `p`, when the pages right
-    /// after it are free. Returns the new header.
-    pub fn grow_in_place(&self, p: usize, h: Header, size: usize, lock: bool) -> Option<Header> {
+    /// after it are free. Returns the new header, and the part added as (address, bytes).
+    pub fn grow_in_place(&self, p: usize, h: Header, size: usize, lock: bool) -> Option<(Header, usize, usize)> {
         let block = self.base + h.first as usize * PAGE_SIZE;
         let want = ((p - block).checked_add(size)?).div_ceil(PAGE_SIZE) as u64;
         let extra = want.checked_sub(h.pages).filter(|e| *e > 0)?;
@@ -433,7 +433,7 @@ impl Arena {
         };
         // SAFETY: the header of a live block of ours, read-write.
         unsafe { ((p - HEADER) as *mut Header).write(n) };
-        Some(n)
+        Some((n, tail, bytes))
     }
 
     /// Gives back the pages of the block at `p` beyond `size` bytes from `p`, when that frees
@@ -630,7 +630,9 @@ mod tests {
         let h = a.block(p).unwrap();
         // SAFETY: p is a live block of at least 4 MiB.
         unsafe { (p as *mut u8).add((4 << 20) - 1).write(7) };
-        let g = a.grow_in_place(p, h, 6 << 20, false).unwrap();
+        let (g, tail, grown) = a.grow_in_place(p, h, 6 << 20, false).unwrap();
+        // The part added starts where the block's usable bytes ended.
+        assert_eq!((tail, grown), (p + h.usable as usize, (6 << 20) - h.usable as usize));
         assert_eq!(g.usable, 6 << 20);
         // SAFETY: the block now holds 6 MiB from p.
         unsafe {

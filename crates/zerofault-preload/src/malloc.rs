@@ -118,6 +118,17 @@ fn renew_tail(addr: usize, len: usize) -> bool {
     crate::rights::renew_foreign(addr, len)
 }
 
+/// The part a block grew by, filled now from this thread: the program writes it next (a
+/// vector's next elements, a string's next bytes), and a fault per step of growth cost more
+/// than the kernel's faults (`Engine::fill_grown`). Signals blocked and errno kept meanwhile.
+fn fill_grown(tail: usize, len: usize) {
+    let Some(_g) = enter() else { return };
+    let _q = state::Quiet::new();
+    if let Some(e) = state::running() {
+        e.fill_grown(tail, len);
+    }
+}
+
 /// Moves `len` bytes (whole pages) from arena block `p` to fresh arena block `q`: the pages
 /// themselves where the engine can move them (no byte copied), the rest copied.
 ///
@@ -169,7 +180,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
             a.shrink(at, h, size, SHRINK_MIN_PAGES, &renew_tail);
             return p;
         }
-        if a.grow_in_place(at, h, size, state::lock_future()).is_some() {
+        if let Some((_, tail, grown)) = a.grow_in_place(at, h, size, state::lock_future()) {
+            fill_grown(tail, grown);
             return p;
         }
         // A new block, the pages moved into it, the old one freed; with the engine off, or no

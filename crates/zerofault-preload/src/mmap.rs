@@ -224,6 +224,11 @@ pub unsafe extern "C" fn mremap(
             // SAFETY: as above: the source of a DONTUNMAP move stays mapped, empty.
             let _ = unsafe { e.adopt(old as usize, old_len.next_multiple_of(PAGE_SIZE), false) };
         }
+        // The part a growth added, which the program writes next (a table grown in steps).
+        let (kept, grown) = (old_len.next_multiple_of(PAGE_SIZE), new_len.next_multiple_of(PAGE_SIZE));
+        if grown > kept {
+            e.fill_grown(r as usize + kept, grown - kept);
+        }
     }
     r
 }

@@ -129,6 +129,7 @@ mod budget;
 mod dsa;
 mod engine;
 mod fault;
+mod grow;
 mod handback;
 mod machine;
 mod nodes;

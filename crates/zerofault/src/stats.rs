@@ -88,6 +88,11 @@ counters! {
     pages_copied,
     /// Pages mapped to the shared zero page (read faults).
     pages_zero_mapped,
+    /// Growths of a block (the shim's realloc, mremap) whose new part was filled from the
+    /// program's thread (`Engine::fill_grown`).
+    grow_fills,
+    /// Pages installed so.
+    grow_pages,
     /// Read windows served with pool pages (the program writes what it reads: fault/reads.rs).
     read_windows_pool,
     /// Pages of those windows.
