@@ -158,6 +158,22 @@ pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
             },
         },
         Suite {
+            id: "readwrite",
+            title: "Read, then write, each page",
+            about: "One thread reads each page of its share, then writes it, as a checksum of a \
+                    new buffer or a test of a fresh table does. Natively the read maps the zero \
+                    page and the write is a copy-on-write fault. The engine's first read window \
+                    maps the zero page too; once its sample pages show the writes, read windows \
+                    take pool pages as write windows do (docs/DESIGN.md, \"Reads before \
+                    writes\").",
+            args: BenchArgs {
+                threads: vec![1],
+                pattern: Pattern::ReadWrite,
+                modes: busy_modes(),
+                ..base.clone()
+            },
+        },
+        Suite {
             id: "busy",
             title: "Busy machine: two CPU hogs",
             about: "One thread's first touch while two CPU hogs (processes of their own, at \
@@ -538,11 +554,17 @@ mod tests {
         }
         assert_eq!(s[4].args.loops, 10, "seed 003's benchmark");
         assert!(s[4].args.modes.iter().any(|x| x.name() == "engine-cold:recycle=off"));
-        assert_eq!((s[5].args.busy, s[5].args.threads.as_slice()), (2, [1].as_slice()));
-        let names: Vec<String> = s[5].args.modes.iter().map(Mode::name).collect();
-        assert_eq!(names, ["native", "thp", "engine", "engine-cold"]);
+        assert_eq!(
+            (s[5].args.pattern, s[5].args.threads.as_slice()),
+            (Pattern::ReadWrite, [1].as_slice())
+        );
+        assert_eq!((s[6].args.busy, s[6].args.threads.as_slice()), (2, [1].as_slice()));
+        for i in [5, 6] {
+            let names: Vec<String> = s[i].args.modes.iter().map(Mode::name).collect();
+            assert_eq!(names, ["native", "thp", "engine", "engine-cold"]);
+        }
         let runs: usize = s.iter().map(|x| x.args.runs()).sum();
-        assert_eq!(runs, 3 * (14 * 6 + 2 * 6 + 2 * 6 + 2 * 10 + 2 * 6 + 4));
+        assert_eq!(runs, 3 * (14 * 6 + 2 * 6 + 2 * 6 + 2 * 10 + 2 * 6 + 4 + 4));
         let p = procs_args(&parse(&[]).unwrap(), 4);
         assert_eq!((p.procs, p.threads.as_slice(), p.busy), (4, [1].as_slice(), 0));
     }

@@ -393,26 +393,38 @@ fn report_writes_benchmarks_md_with_tables_and_plots() {
         md.contains("## 5. Allocate, touch, free, ten times (seed 003's benchmark)"),
         "{md}"
     );
-    assert!(md.contains("## 6. Busy machine: two CPU hogs"), "{md}");
     assert!(
-        md.contains("## 7. Busy machine: several processes at once")
+        md.contains("## 6. Read, then write, each page") && md.contains("--pattern readwrite"),
+        "{md}"
+    );
+    assert!(md.contains("## 7. Busy machine: two CPU hogs"), "{md}");
+    assert!(
+        md.contains("## 8. Busy machine: several processes at once")
             && md.contains("--procs 2`")
             && md.contains("--procs 4`")
             && md.contains("| `engine-cold` |"),
         "{md}"
     );
     assert!(
-        md.contains("## 8. Zeroing methods") && md.contains("| `stosb` | rep stosb | 2M |"),
+        md.contains("## 9. Zeroing methods") && md.contains("| `stosb` | rep stosb | 2M |"),
         "{md}"
     );
-    for id in ["seq", "random", "random-sparse", "mechanisms", "loop", "busy"] {
+    for id in [
+        "seq",
+        "random",
+        "random-sparse",
+        "mechanisms",
+        "loop",
+        "readwrite",
+        "busy",
+    ] {
         assert!(md.contains(&format!("({id}.png)")), "{id}");
         let png = std::fs::read(dir.join(format!("{id}.png"))).expect("plot");
         assert_eq!(&png[1..4], b"PNG");
     }
     let j: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(dir.join("benchmarks.json")).unwrap()).unwrap();
-    assert_eq!(j["suites"].as_array().unwrap().len(), 6);
+    assert_eq!(j["suites"].as_array().unwrap().len(), 7);
     let procs = j["procs"].as_array().unwrap();
     assert_eq!(
         procs.iter().map(|p| p["procs"].as_u64()).collect::<Vec<_>>(),
