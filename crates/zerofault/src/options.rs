@@ -514,9 +514,9 @@ options! {
     probe: Bool = "on",
     /// Reads before writes take pool pages: a read fault in memory the program went on to
     /// write (two pages of each read window are left on the zero page and looked at when the
-    /// next read fault comes past them) takes pool pages, huge ones for whole PMDs, as a write
-    /// would, while the pool has 2 MiB ready; elsewhere (memory only read, read-only mappings,
-    /// a short pool) reads map the zero page as natively. `off`: the zero page always.
+    /// thread's next read fault comes past them) is served as a write would be: pool pages,
+    /// huge ones for whole PMDs. Elsewhere (memory only read, read-only mappings, a range's
+    /// first read window) reads map the zero page as natively. `off`: the zero page always.
     read_pool: Bool = "on",
     /// Fault handler threads reading the one userfaultfd; each serves whichever fault it
     /// reads. `auto`: one per 8 CPUs the process may run on (its affinity when the engine

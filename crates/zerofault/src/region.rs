@@ -56,15 +56,28 @@ pub(crate) struct Range {
     pub(crate) reads: Mutex<Reads>,
 }
 
-/// What reads before writes showed in one range (`fault/reads.rs`): the sample pages of the
-/// last read window, and the verdict of the last look at them.
+/// What reads before writes showed in one range (`fault/reads.rs`): the sample pages of each
+/// reading thread's last read window, and the verdict of the last look at any of them.
 #[derive(Debug, Default)]
 pub(crate) struct Reads {
-    /// Sample pages (addresses, 0: none) left on the zero page.
-    pub(crate) samples: [usize; 2],
-    /// The samples belong to a window served with pool pages (they count for the stats).
-    pub(crate) pool: bool,
+    pub(crate) slots: [ReadSamples; READ_SLOTS],
     pub(crate) verdict: ReadVerdict,
+    /// Windows sampled so far (orders the slots: the oldest is replaced).
+    pub(crate) clock: u64,
+}
+
+/// Threads whose samples a range keeps at once.
+pub(crate) const READ_SLOTS: usize = 4;
+
+/// One thread's samples: `pages` pages from `first` left on the zero page (0: none).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct ReadSamples {
+    pub(crate) tid: u32,
+    pub(crate) first: usize,
+    pub(crate) pages: usize,
+    /// They belong to a window served from the pool (they count for the stats).
+    pub(crate) pool: bool,
+    pub(crate) stamp: u64,
 }
 
 /// See [`Reads`].

@@ -93,9 +93,10 @@ counters! {
     grow_fills,
     /// Pages installed so.
     grow_pages,
-    /// Read windows served with pool pages (the program writes what it reads: fault/reads.rs).
+    /// Read windows served as writes, with pool pages (the program writes what it reads:
+    /// fault/reads.rs).
     read_windows_pool,
-    /// Pages of those windows.
+    /// Pages those windows asked for.
     read_pages_pool,
     /// Sample pages of pool-served read windows found written when the next read fault came
     /// past them: the choice was right.

@@ -38,7 +38,7 @@ impl<K: Kernel> Handler<'_, K> {
         }
         if self.reading {
             // A read served from the pool: its samples stay the zero page (reads.rs).
-            self.samples = self.place_samples(range, self.samples, &runs);
+            self.samples = self.place_samples(range, self.samples, &mut runs);
         }
         let mut woken = false;
         let mut cut: Option<usize> = None;

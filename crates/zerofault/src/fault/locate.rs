@@ -75,25 +75,35 @@ impl<K: Kernel> Handler<'_, K> {
             self.install_one(page_addr, write);
             return;
         };
-        // A read in memory the program writes takes pool pages (reads.rs).
-        let take = !write && self.read_takes_pool(&range, page_addr);
-        if let Some(w) = self.locate(&range, page_addr, write || take, tid) {
-            // A read window of 4 KiB pages keeps samples (a huge fault's takes a huge page).
-            let sampled = !write && (take || !w.write);
+        // A read in memory the program writes is served as a write (reads.rs); set before
+        // `locate`, whose already-claimed path installs too.
+        let take = !write && self.read_takes_pool(&range, page_addr, tid);
+        self.reading = take;
+        self.serve_located(&range, page_addr, write, tid);
+        self.reading = false;
+    }
+
+    /// [`Self::fault`] once the fault's range is known: locate, install, and the window ahead.
+    fn serve_located(&mut self, range: &Arc<Range>, page_addr: usize, write: bool, tid: u32) {
+        let (take, stats) = (self.reading, self.stats());
+        // Before `locate` marks the fault's PMD: a huge fault takes a whole huge page, no sample.
+        let huge_fault = self.stage.is_some() && range.huge_fault(page_addr);
+        if let Some(w) = self.locate(range, page_addr, write || take, tid) {
+            // A read window of 4 KiB pages keeps samples.
+            let sampled = !write && !huge_fault && (take || !w.write);
             self.samples = match sampled {
-                true => Self::read_samples(&range, page_addr, w.end),
+                true => Self::read_samples(range, page_addr, w.end, take),
                 false => [0; 2],
             };
-            self.reading = take;
             if take {
                 Stats::add(&stats.read_windows_pool, 1);
                 Stats::add(&stats.read_pages_pool, w.end - w.first);
             }
             self.installing(Some((range.id, w.first, w.end)));
-            let cut = self.install_window(&range, page_addr, w);
+            let cut = self.install_window(range, page_addr, w);
             self.installing(None);
             if sampled {
-                Self::keep_samples(&range, self.samples, take);
+                Self::keep_samples(range, self.samples, take, tid);
             }
             if let Some(p) = cut {
                 // Part of the window was left out (an install gave up: events kept coming, or
@@ -108,18 +118,16 @@ impl<K: Kernel> Handler<'_, K> {
                 }
                 drop(entry);
                 Stats::add(&self.stats().windows_cut, 1);
-                self.reading = false;
                 return;
             }
             if let Some((first, end)) = w.ahead {
                 self.installing(Some((range.id, first, end)));
-                let got = self.install_ahead(&range, first, end, w.write);
+                let got = self.install_ahead(range, first, end, w.write);
                 self.installing(None);
                 if got < end {
                     self.shared.predictors.lock(range.id, tid).get().installed_until(got);
                 }
             }
-            self.reading = false;
         }
     }
 

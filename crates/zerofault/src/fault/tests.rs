@@ -985,3 +985,95 @@ fn with_read_pool_off_reads_map_the_zero_page_whatever_the_program_wrote() {
     h.fault(page(16), false, 7);
     assert!(k.calls().iter().all(|c| c.0 == Verb::Zeropage), "{:?}", k.calls());
 }
+
+/// A thread whose read verdict says writes (its first window's samples were written), for the
+/// tests below: `h` has served page 0's read window, and the samples 14 and 15 were written.
+fn reader_that_writes(h: &mut Handler<'_, Fake>, k: &Fake, tid: u32) {
+    h.fault(page(0), false, tid);
+    k.write(page(14));
+    k.write(page(15));
+}
+
+#[test]
+fn a_read_window_served_as_a_write_with_no_room_for_samples_keeps_none() {
+    let s = state(true, 4096, 1024, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    reader_that_writes(&mut h, &k, 7);
+    // Two pages before the PMD's end: no sample, and the fault's own page is not one.
+    let before = k.calls().len();
+    h.fault(page(510), false, 7);
+    let calls = &k.calls()[before..];
+    assert!(calls.iter().all(|c| c.0 == Verb::Move), "{calls:?}");
+    assert!(k.woken(page(510)));
+}
+
+#[test]
+fn a_huge_read_fault_served_as_a_write_takes_a_whole_huge_page_and_no_sample() {
+    let s = state(true, 4096, 1024, 4);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    // PMD 0 as usual, the next ones advised huge (the kernel asks with the PMD empty).
+    s.ranges.set_huge(BASE + PMD_SIZE, BASE + 4 * PMD_SIZE, true);
+    reader_that_writes(&mut h, &k, 7);
+    let before = k.calls().len();
+    h.fault(BASE + PMD_SIZE, false, 7);
+    let calls = &k.calls()[before..];
+    assert_eq!(calls[0], (Verb::Move, BASE + PMD_SIZE, PMD_SIZE), "{calls:?}");
+    assert!(
+        calls.iter().all(|c| c.0 != Verb::Zeropage),
+        "no sample in a huge PMD: {calls:?}"
+    );
+    let st = s.stats.snapshot();
+    assert_eq!((st.huge_moves, st.huge_fallbacks), (1, 0));
+}
+
+#[test]
+fn a_read_window_served_as_a_write_goes_in_after_its_samples_first() {
+    // No huge ring: the window's pages are 4 KiB moves, cut at the samples.
+    let s = state(true, 8192, 4096, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    reader_that_writes(&mut h, &k, 7);
+    let before = k.calls().len();
+    // A window of 64 pages from page 16: samples 78 and 79, the part after them is empty;
+    // then from 80: a window of 256, whose part in PMD 0 ends at 336 (samples 334, 335).
+    h.fault(page(16), false, 7);
+    k.write(page(78));
+    k.write(page(79));
+    let mid = k.calls().len();
+    h.fault(page(80), false, 7);
+    let calls = &k.calls()[mid..];
+    assert_eq!(
+        &calls[..2],
+        [
+            (Verb::Zeropage, page(334), bytes(1)),
+            (Verb::Zeropage, page(335), bytes(1))
+        ]
+    );
+    assert_eq!(&calls[2..], [(Verb::Move, page(80), bytes(254))], "{calls:?}");
+    assert!(k.calls()[before..mid].iter().any(|c| c.0 == Verb::Move));
+    let st = s.stats.snapshot();
+    assert_eq!((st.read_samples_written, st.read_samples_unwritten), (2, 0));
+}
+
+#[test]
+fn each_thread_looks_at_its_own_samples_only() {
+    let s = state(true, 8192, 4096, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    reader_that_writes(&mut h, &k, 7);
+    // Thread 8 reads the other half; its first window's samples are its own, not looked at
+    // by thread 7, whose next fault comes past them before thread 8 wrote them.
+    h.fault(page(4096), false, 8);
+    let before = k.calls().len();
+    h.fault(page(16), false, 7);
+    assert!(
+        k.calls()[before..].iter().any(|c| c.0 == Verb::Move),
+        "thread 7 keeps its verdict"
+    );
+    h.fault(page(4096 + 16), false, 8);
+    let st = s.stats.snapshot();
+    // Thread 8 looked at its own samples (unwritten): the range's reads map the zero page.
+    assert_eq!(st.read_windows_pool, 1, "{st:?}");
+}

@@ -432,9 +432,15 @@ pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize
 pub(crate) fn huge_mapped(addr: usize) -> std::io::Result<bool> {
     let f = std::fs::File::open("/proc/self/pagemap")?;
     let mut whole = false;
-    scan(&f, addr, addr + PMD_SIZE, PAGE_IS_HUGE, PAGE_IS_HUGE, &mut |a, b, _| {
-        whole |= a <= addr && b >= addr + PMD_SIZE;
-    })?;
+    scan(
+        &f,
+        addr,
+        addr + PMD_SIZE,
+        (PAGE_IS_HUGE, PAGE_IS_HUGE, 0),
+        &mut |a, b, _| {
+            whole |= a <= addr && b >= addr + PMD_SIZE;
+        },
+    )?;
     Ok(whole)
 }
 
@@ -451,9 +457,13 @@ pub(crate) fn pagemap_scan(
     end: usize,
     run: &mut impl FnMut(usize, usize),
 ) -> std::io::Result<()> {
-    scan(f, addr, end, PAGE_IS_PRESENT | PAGE_IS_SWAPPED, 0, &mut |a, b, _| {
-        run(a, b)
-    })
+    scan(
+        f,
+        addr,
+        end,
+        (PAGE_IS_PRESENT | PAGE_IS_SWAPPED, 0, 0),
+        &mut |a, b, _| run(a, b),
+    )
 }
 
 /// What a page's entry holds, as far as reads before writes care (`fault/reads.rs`).
@@ -473,26 +483,32 @@ pub(crate) enum PageState {
 pub(crate) fn page_states(f: &std::fs::File, addr: usize, out: &mut [PageState]) -> std::io::Result<()> {
     out.fill(PageState::Absent);
     let end = addr + out.len() * PAGE_SIZE;
-    scan(f, addr, end, PAGE_IS_PRESENT, 0, &mut |a, b, categories| {
-        let state = if categories & PAGE_IS_PFNZERO != 0 {
-            PageState::ZeroPage
-        } else {
-            PageState::Own
-        };
-        for page in (a.max(addr)..b.min(end)).step_by(PAGE_SIZE) {
-            out[(page - addr) / PAGE_SIZE] = state;
-        }
-    })
+    scan(
+        f,
+        addr,
+        end,
+        (PAGE_IS_PRESENT, 0, PAGE_IS_PFNZERO),
+        &mut |a, b, categories| {
+            let state = if categories & PAGE_IS_PFNZERO != 0 {
+                PageState::ZeroPage
+            } else {
+                PageState::Own
+            };
+            for page in (a.max(addr)..b.min(end)).step_by(PAGE_SIZE) {
+                out[(page - addr) / PAGE_SIZE] = state;
+            }
+        },
+    )
 }
 
 /// `PAGEMAP_SCAN` of `[addr, end)`: the runs with any of the categories `anyof` and all of
-/// `all`, passed to `run(start, end, categories)` (`PAGE_IS_PFNZERO` among those returned).
+/// `all`, passed to `run(start, end, categories)`, told apart by `also` too (`(anyof, all,
+/// also)`: runs differing only in a category outside the three are one run).
 fn scan(
     f: &std::fs::File,
     addr: usize,
     end: usize,
-    anyof: u64,
-    all: u64,
+    (anyof, all, also): (u64, u64, u64),
     run: &mut impl FnMut(usize, usize, u64),
 ) -> std::io::Result<()> {
     use std::os::fd::AsRawFd;
@@ -536,7 +552,7 @@ fn scan(
             category_inverted: 0,
             category_mask: all,
             category_anyof_mask: anyof,
-            return_mask: anyof | all | PAGE_IS_PFNZERO,
+            return_mask: anyof | all | also,
         };
         // SAFETY: PAGEMAP_SCAN reads `arg` and writes at most `vec_len` regions into
         // `regions`, which outlives the call; it changes no mapping (no write-protect flags).
