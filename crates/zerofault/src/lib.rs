@@ -37,7 +37,9 @@
 //!    always the PMD the fault landed in (the kernel gave it a page table before it asked us),
 //!    get 4 KiB pages from the small ring, one ioctl per contiguous run. The pieces go in last
 //!    to first, so the thread wakes only when its whole window is there. A read maps the shared
-//!    zero page (`UFFDIO_ZEROPAGE`), spending no pool page, as the seed did. A window that
+//!    zero page (`UFFDIO_ZEROPAGE`), spending no pool page, as the seed did, until two sample
+//!    pages of the thread's last read window show that the program writes what it reads: then
+//!    its reads are served as writes (`fault/reads.rs`). A window that
 //!    runs past the end of its mapping (memory committed piece by piece with `mprotect`, as a
 //!    heap grown in place or a JVM heap is) is refused whole by the kernel; it then goes in
 //!    as halving pieces from the fault on, rather than a page per fault.
@@ -93,7 +95,9 @@
 //! - The life of a fault (`fault/`): the handler threads' loop and dispatch, and what they
 //!   share (`fault/handler.rs`; the protocol between them: docs/SCALING.md), locating a fault: range, claim, window (`fault/locate.rs`), and the
 //!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), windows
-//!   ahead (`fault/ahead.rs`), behind the `Kernel` seam the unit tests fake (`fault/tests.rs`).
+//!   ahead (`fault/ahead.rs`), reads before writes (`fault/reads.rs`), behind the `Kernel`
+//!   seam the unit tests fake (`fault/tests.rs`). A block the shim grows in small steps is
+//!   filled in the call that grew it (`grow.rs`, [`Engine::fill_grown`]).
 //! - Whole-PMD placement, the PMD table map and the staging area: `thp.rs`. The prefault
 //!   window: `predict.rs`. Giving random access back: `handback.rs`. [`PmdShuttle`]
 //!   (`shuttle.rs`): one huge page moved between two PMDs, what `zerofault bench-flush` times

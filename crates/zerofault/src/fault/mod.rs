@@ -15,7 +15,8 @@
 //! 3. [`install`]: writes take whole huge pages where a PMD holds no page table
 //!    ([`crate::thp`]), pool pages moved in (`fill_move`) elsewhere, and copies of the zero
 //!    source (`fill_copy`) for what the pool cannot give; reads map the zero page
-//!    (`fill_zeropage`), no pool page spent. Runs and pieces go in last to first, so that the
+//!    (`fill_zeropage`), no pool page spent, unless the program writes what it reads
+//!    ([`reads`]: then as writes). Runs and pieces go in last to first, so that the
 //!    thread is woken once its window is complete; it is woken explicitly if no install
 //!    covered it. A window refused whole at the end of its mapping goes in as halving pieces.
 //! 4. [`ahead`]: a confirmed stream's window ahead (by default part of the window itself,
