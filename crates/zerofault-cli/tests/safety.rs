@@ -426,9 +426,10 @@ fn memory_grown_with_mremap_is_served_in_windows() {
     assert_same_stdout(&native, &shim);
     let unknown = counter(&shim, "unknown_faults");
     assert!(unknown < 1_000, "unknown_faults {unknown}:\n{}", stderr(&shim));
-    // The grown part's first 2 MiB were filled in the mremap (and read zero first: bad=0).
+    // At most the grown part's first PMD was filled in the mremap (whole PMDs are the
+    // windows'), and it read zero first (bad=0).
     let filled = counter(&shim, "grow_pages");
-    assert_eq!(filled, 512, "{}", stderr(&shim));
+    assert!(filled <= 512, "{}", stderr(&shim));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -215,6 +215,13 @@ pub unsafe extern "C" fn mremap(
     });
     // SAFETY: the caller's arguments, passed on unchanged.
     let r = unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
+    if let (Some(e), true) = (served, r == libc::MAP_FAILED) {
+        // Refused (no room to grow, a bad flag): the mapping is where it was, as it was; the
+        // engine serves it again (errno is the kernel's, kept by Quiet).
+        let _q = Quiet::new();
+        // SAFETY: as below: the program's own anonymous private memory, unchanged.
+        let _ = unsafe { e.adopt(old as usize, old_len.next_multiple_of(PAGE_SIZE), false) };
+    }
     if let (Some(e), true) = (served, r != libc::MAP_FAILED) {
         let _q = Quiet::new();
         let (kept, grown) = (old_len.next_multiple_of(PAGE_SIZE), new_len.next_multiple_of(PAGE_SIZE));
@@ -226,9 +233,9 @@ pub unsafe extern "C" fn mremap(
         if !small_step {
             // SAFETY: memory the program now owns as anonymous private memory at these
             // addresses; the engine fills missing pages with zeros as the kernel would.
-            let _ = unsafe { e.adopt(r as usize, grown, false) };
+            let adopted = unsafe { e.adopt(r as usize, grown, false) }.is_ok();
             // The part a growth added, which the program writes next.
-            if grown > kept {
+            if adopted && grown > kept {
                 e.fill_grown(r as usize + kept, grown - kept);
             }
         }

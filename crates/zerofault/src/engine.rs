@@ -737,13 +737,16 @@ impl Engine {
         }
     }
 
-    /// Installs zero pages in the first `grow::GROW_FILL_MAX` (2 MiB) bytes of `[addr, addr + len)` (whole
-    /// pages of memory the engine serves) from the calling thread, copies of the zero source
-    /// (grow.rs says why not pool pages). For the part a block just grew by (the
+    /// Installs zero pages in the part of `[addr, addr + len)` (whole pages of memory the
+    /// engine serves) before its first whole PMD, from the calling thread: copies of the zero
+    /// source (grow.rs says why not pool pages). For the part a block just grew by (the
     /// shim's `realloc` and `mremap`), which the program writes next: served by faults, a
     /// block grown by 64 KiB steps paid a round trip per step and ran 5x slower than the
-    /// kernel's own faults (`regrow_memset`). Pages someone else claimed are left alone, and
-    /// whatever does not go in faults as usual. Returns the pages installed.
+    /// kernel's own faults (`regrow_memset`). Whole PMDs are left to the windows, which give
+    /// them huge pages (4 KiB pages put here would keep them 4 KiB for good), and so is what
+    /// the program has not written yet of a large growth (a vector that doubled).
+    /// Pages someone else claimed are left alone, and whatever does not go in faults as usual.
+    /// Returns the pages installed.
     ///
     /// # Context
     /// A program thread, inside a hook, signals blocked. Takes the descriptor's read guard;
@@ -755,7 +758,7 @@ impl Engine {
         let Some(r) = self.shared.ranges.find(addr) else {
             return 0;
         };
-        let end = addr.saturating_add(len.min(crate::grow::GROW_FILL_MAX)).min(r.end());
+        let end = crate::grow::fill_end(addr, len).min(r.end());
         if addr % PAGE_SIZE != 0 || end <= addr {
             return 0;
         }
@@ -766,8 +769,9 @@ impl Engine {
         let mut installed = 0;
         for (first, n) in runs {
             let dst = r.addr_of(first);
-            r.pmds.mark_tables(dst, bytes(n));
             let done = crate::grow::fill(&self.shared, u, dst, bytes(n));
+            // 4 KiB pages went in: their PMD holds a page table now.
+            r.pmds.mark_tables(dst, done);
             if done < bytes(n) {
                 r.map.clear(first + pages(done), n - pages(done));
             }

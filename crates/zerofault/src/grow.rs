@@ -8,10 +8,11 @@
 //! each step is 16 kernel faults (~26 µs). Filled in the call (16 pages copied from the zero
 //! source, ~1 µs each), the program's writes fault no more: 0.8x native ([`fill`]).
 //!
-//! Only the first [`GROW_FILL_MAX`] bytes of a growth are filled: a vector that doubles its
-//! capacity writes the new half over time, and memory it has not written yet stays as
-//! unresident as natively (its faults go to the handler as usual). Pages are never installed
-//! beyond the block's new end: the caller passes the grown part only.
+//! Only the part of a growth before its first whole PMD is filled ([`fill_end`]): whole PMDs
+//! are left to the windows, which give them huge pages, and a vector that doubles its
+//! capacity writes the new half over time: what it has not written yet stays as unresident
+//! as natively. Pages are never installed beyond the block's new end: the caller
+//! passes the grown part only.
 
 use crate::page::{pages, PAGE_SIZE, PMD_SIZE};
 use crate::stats::Stats;
@@ -20,8 +21,19 @@ use crate::sys::uffd::Uffd;
 use crate::zero::ZeroSource;
 use crate::Shared;
 
-/// The most of one growth filled in the call (see the module doc).
-pub(crate) const GROW_FILL_MAX: usize = PMD_SIZE;
+/// Where the fill of a growth of `len` bytes at `addr` ends: before the first whole PMD the
+/// growth holds (the windows give whole PMDs huge pages, and a vector that doubled writes its
+/// new half over time), else at its end: a step that crosses a PMD boundary is filled on
+/// both sides of it.
+pub(crate) fn fill_end(addr: usize, len: usize) -> usize {
+    let end = addr.saturating_add(len);
+    let whole = addr.next_multiple_of(PMD_SIZE);
+    if whole.saturating_add(PMD_SIZE) <= end {
+        whole
+    } else {
+        end
+    }
+}
 
 /// Installs zero pages in `[dst, dst + len)` (claimed by the caller, no page there yet):
 /// copies of the zero source, the kernel allocating each page as its own fault would, without
@@ -44,9 +56,34 @@ pub(crate) fn fill(shared: &Shared, u: &Uffd, dst: usize, len: usize) -> usize {
         match p.errno {
             None => {}
             Some(Errno(libc::EAGAIN)) if p.done > 0 => {}
+            // A page there already (the claim was ours, the page is: skipped, as a handler
+            // does).
+            Some(Errno(libc::EEXIST)) => off += PAGE_SIZE,
             Some(_) => break,
         }
     }
     debug_assert!(off % PAGE_SIZE == 0);
     off
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const A: usize = 0x7f00_0000_0000;
+
+    #[test]
+    fn a_growth_is_filled_up_to_its_first_whole_pmd_and_never_a_whole_pmd() {
+        let k = 64 << 10;
+        // 64 KiB steps inside a PMD, at its start, at its end, and across its end: all of it.
+        assert_eq!(fill_end(A + PMD_SIZE / 2, k), A + PMD_SIZE / 2 + k);
+        assert_eq!(fill_end(A, k), A + k);
+        assert_eq!(fill_end(A + PMD_SIZE - k, k), A + PMD_SIZE);
+        assert_eq!(fill_end(A + PMD_SIZE - k + PAGE_SIZE, k), A + PMD_SIZE + PAGE_SIZE);
+        // Holding a whole PMD: up to it, that PMD and the rest are the windows'.
+        assert_eq!(fill_end(A + PMD_SIZE - k, 8 << 20), A + PMD_SIZE);
+        assert_eq!(fill_end(A, PMD_SIZE), A);
+        assert_eq!(fill_end(A, 448 << 20), A);
+        assert_eq!(fill_end(A, PMD_SIZE - PAGE_SIZE), A + PMD_SIZE - PAGE_SIZE);
+    }
 }
