@@ -76,6 +76,16 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
             }
         }
     }
+    // Access advice: a program that says its access is random gets the zero page for its reads.
+    let access = [libc::MADV_RANDOM, libc::MADV_NORMAL, libc::MADV_SEQUENTIAL];
+    if r == 0 && len > 0 && access.contains(&advice) {
+        if let Some(_g) = enter() {
+            let _q = Quiet::new();
+            if let Some(e) = state::running() {
+                e.set_random(addr as usize, len, advice == libc::MADV_RANDOM);
+            }
+        }
+    }
     r
 }
 

@@ -782,6 +782,16 @@ impl Engine {
         installed
     }
 
+    /// The program's access advice for `[addr, addr + len)`: `true` for `MADV_RANDOM`,
+    /// `false` for `MADV_NORMAL` or `MADV_SEQUENTIAL`. Where it is on, reads map the zero page
+    /// whatever the program writes afterwards (fault/reads.rs).
+    ///
+    /// # Context
+    /// A program thread, inside the shim's madvise hook, signals blocked.
+    pub fn set_random(&self, addr: usize, len: usize, on: bool) {
+        self.shared.ranges.set_random(addr, addr.saturating_add(len), on);
+    }
+
     /// Whether `fd` is the engine's own userfaultfd.
     pub fn is_own_uffd(&self, fd: i32) -> bool {
         self.shared.uffd_identity.as_ref().is_some_and(|id| id.is(fd))

@@ -137,6 +137,14 @@ impl Range {
         }
     }
 
+    /// Sets or clears `MADV_RANDOM` on the PMDs `[addr, end)` touches in the range.
+    pub(crate) fn set_random(&self, addr: usize, end: usize, on: bool) {
+        let (a, b) = (addr.max(self.start), end.min(self.end()));
+        if a < b {
+            self.pmds.set_random(a, b, on);
+        }
+    }
+
     /// Whether the fault at `addr` came with its PMD empty and may take a huge page: the PMD
     /// wants huge pages and lies wholly inside the range.
     pub(crate) fn huge_fault(&self, addr: usize) -> bool {
@@ -364,6 +372,13 @@ impl RangeTable {
     pub(crate) fn set_never(&self, start: usize, end: usize, on: bool) {
         for r in self.read().overlapping(start, end, None) {
             r.set_never(start, end, on);
+        }
+    }
+
+    /// See [`Range::set_random`].
+    pub(crate) fn set_random(&self, start: usize, end: usize, on: bool) {
+        for r in self.read().overlapping(start, end, None) {
+            r.set_random(start, end, on);
         }
     }
 

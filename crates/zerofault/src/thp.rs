@@ -43,6 +43,9 @@ pub(crate) struct PmdMap {
     huge: PageMap,
     /// Set: the program asked for none there (`MADV_NOHUGEPAGE`): 4 KiB pages only.
     never: PageMap,
+    /// Set: the program advised random access there (`MADV_RANDOM`): its reads map the zero
+    /// page (fault/reads.rs).
+    random: PageMap,
 }
 
 /// PMDs overlapped by `pages` pages from `start`.
@@ -60,6 +63,7 @@ impl PmdMap {
             tables: PageMap::new(n),
             huge: PageMap::new(n),
             never: PageMap::new(n),
+            random: PageMap::new(n),
         }
     }
 
@@ -83,6 +87,7 @@ impl PmdMap {
             tables: self.tables.slice(first, n),
             huge: self.huge.slice(first, n),
             never: self.never.slice(first, n),
+            random: self.random.slice(first, n),
         }
     }
 
@@ -97,6 +102,7 @@ impl PmdMap {
             tables,
             huge: self.huge.slice(first, n),
             never: self.never.slice(first, n),
+            random: self.random.slice(first, n),
         }
     }
 
@@ -147,6 +153,21 @@ impl PmdMap {
         }
     }
 
+    /// Sets or clears `MADV_RANDOM` on every PMD that `[a, b)` (`a < b`) touches.
+    pub(crate) fn set_random(&self, a: usize, b: usize, on: bool) {
+        let (first, last) = (self.index(a), self.index(b - 1));
+        if on {
+            self.random.set(first, last - first + 1);
+        } else {
+            self.random.clear(first, last - first + 1);
+        }
+    }
+
+    /// Whether the program advised random access in the PMD at `addr`.
+    pub(crate) fn is_random(&self, addr: usize) -> bool {
+        self.random.is_claimed(self.index(addr))
+    }
+
     /// Whether the program asked for no huge page in the PMD at `addr`.
     pub(crate) fn no_huge(&self, addr: usize) -> bool {
         self.never.is_claimed(self.index(addr))
@@ -173,12 +194,19 @@ impl PmdMap {
     /// [`Range::is_valid`]).
     pub(crate) fn covers(&self, start: usize, pages: u64) -> bool {
         let n = pmds_overlapped(start, pages);
-        self.base == start / PMD_SIZE && self.tables.pages() == n && self.huge.pages() == n && self.never.pages() == n
+        self.base == start / PMD_SIZE
+            && self.tables.pages() == n
+            && self.huge.pages() == n
+            && self.never.pages() == n
+            && self.random.pages() == n
     }
 
     /// Bytes of metadata mapped for the bits.
     pub(crate) fn metadata_bytes(&self) -> usize {
-        self.tables.metadata_bytes() + self.huge.metadata_bytes() + self.never.metadata_bytes()
+        self.tables.metadata_bytes()
+            + self.huge.metadata_bytes()
+            + self.never.metadata_bytes()
+            + self.random.metadata_bytes()
     }
 }
 

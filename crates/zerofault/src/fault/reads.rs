@@ -27,7 +27,8 @@
 //! sides) or the pool is paused (`mlockall`) does the rest of the window map the zero page.
 //!
 //! A read window maps the zero page, as natively, while nothing was looked at yet (a range's
-//! first read window), while its samples stayed the zero page, and without /proc to look.
+//! first read window), while its samples stayed the zero page, without /proc to look, and
+//! where the program advised random access (`MADV_RANDOM`, [`crate::Engine::set_random`]).
 //!
 //! Memory: a program that only reads gets no pool page. One that reads and writes, then only
 //! reads, keeps at most what was served before the look that caught it: its window, and for a
@@ -47,7 +48,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// # Context
     /// A handler thread, for a read fault, before the window is located.
     pub(crate) fn read_takes_pool(&mut self, range: &Range, page_addr: usize, tid: u32) -> bool {
-        if !self.opts.read_pool || !self.can_move {
+        if !self.opts.read_pool || !self.can_move || range.pmds.is_random(page_addr) {
             return false;
         }
         let mut reads = range.reads.lock().unwrap_or_else(|e| e.into_inner());

@@ -1077,3 +1077,26 @@ fn each_thread_looks_at_its_own_samples_only() {
     // Thread 8 looked at its own samples (unwritten): the range's reads map the zero page.
     assert_eq!(st.read_windows_pool, 1, "{st:?}");
 }
+
+#[test]
+fn reads_where_the_program_advised_random_access_map_the_zero_page() {
+    let s = state(true, 4096, 1024, 0);
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    reader_that_writes(&mut h, &k, 7);
+    s.ranges.set_random(BASE, BASE + bytes(4096), true);
+    let before = k.calls().len();
+    h.fault(page(16), false, 7);
+    assert!(
+        k.calls()[before..].iter().all(|c| c.0 == Verb::Zeropage),
+        "{:?}",
+        k.calls()
+    );
+    // MADV_NORMAL: served as writes again.
+    s.ranges.set_random(BASE, BASE + bytes(4096), false);
+    k.write(page(78));
+    k.write(page(79));
+    let before = k.calls().len();
+    h.fault(page(80), false, 7);
+    assert!(k.calls()[before..].iter().any(|c| c.0 == Verb::Move), "{:?}", k.calls());
+}
