@@ -277,6 +277,10 @@ impl Inflight {
 }
 
 /// The handler's state: what it needs of the engine, and what it keeps between messages.
+/// Runs a window's claim returns at most, in practice (a probe splits one in two, samples
+/// each cut one more): the capacity of [`Handler::runs`].
+const RUNS: usize = 16;
+
 pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) shared: &'a Shared,
     pub(crate) k: &'a K,
@@ -396,7 +400,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
                 AheadMode::Wake if shared.handling.len() > 1 => AheadMode::Fault,
                 a => a,
             },
-            runs: Vec::new(),
+            // Made here, before the program can mlockall: a window's runs (and the pieces its
+            // samples cut them into, reads.rs) never grow it, so no chunk of the engine's
+            // allocator is mapped, and locked, later.
+            runs: Vec::with_capacity(RUNS),
             deferred: VecDeque::new(),
             batch_left: 0,
             seq: 0,

@@ -584,21 +584,72 @@ fn scan(
 }
 
 /// The run of contiguous mappings that are not `PROT_NONE` holding `addr`, as `[lo, hi)`
-/// (`None` if `addr` is unmapped or `PROT_NONE`). Reads /proc/self/maps: not for hot paths.
+/// (`None` if `addr` is unmapped or `PROT_NONE`). Reads /proc/self/maps through a stack
+/// buffer, line by line: a handler calls it, and a `String` of the whole file mapped chunks
+/// of the engine's allocator, which a program's `mlockall(MCL_FUTURE)` then locked (issue 29:
+/// `mlockall later` went over its slack). Not for hot paths.
 pub(crate) fn accessible_around(addr: usize) -> Option<(usize, usize)> {
-    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
     let mut run: Option<(usize, usize)> = None;
-    for l in maps.lines() {
-        let Some((a, b, perms)) = vma_header(l) else { continue };
+    let mut found = None;
+    each_line("/proc/self/maps", |l| {
+        let Some((a, b, perms)) = vma_header(l) else {
+            return true;
+        };
         let open = !perms.starts_with("---");
         run = match run {
             Some((lo, hi)) if open && a == hi => Some((lo, b)),
-            Some((lo, hi)) if lo <= addr && addr < hi => return Some((lo, hi)),
+            Some((lo, hi)) if lo <= addr && addr < hi => {
+                found = Some((lo, hi));
+                return false;
+            }
             _ if open => Some((a, b)),
             _ => None,
         };
+        true
+    })
+    .ok()?;
+    found.or(run).filter(|&(lo, hi)| lo <= addr && addr < hi)
+}
+
+/// Calls `f` on each line of the file at `path` (without its newline) until it returns
+/// false, reading through a stack buffer: no allocation. A line longer than the buffer is cut
+/// to its first 4 KiB (a /proc/self/maps line is its addresses and flags, then a path).
+pub(crate) fn each_line(path: &str, mut f: impl FnMut(&str) -> bool) -> std::io::Result<()> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut buf = [0u8; 8192];
+    let (mut len, mut skipping) = (0, false);
+    loop {
+        let n = file.read(&mut buf[len..])?;
+        len += n;
+        let mut start = 0;
+        while let Some(i) = buf[start..len].iter().position(|&c| c == b'\n') {
+            let line = &buf[start..start + i];
+            start += i + 1;
+            if std::mem::take(&mut skipping) {
+                continue;
+            }
+            if !f(std::str::from_utf8(line).unwrap_or("")) {
+                return Ok(());
+            }
+        }
+        buf.copy_within(start..len, 0);
+        len -= start;
+        if n == 0 {
+            if len > 0 && !skipping {
+                f(std::str::from_utf8(&buf[..len]).unwrap_or(""));
+            }
+            return Ok(());
+        }
+        if len > buf.len() / 2 {
+            // A line longer than half the buffer: its start is enough; the rest is skipped.
+            if !skipping && !f(std::str::from_utf8(&buf[..len]).unwrap_or("")) {
+                return Ok(());
+            }
+            skipping = true;
+            len = 0;
+        }
     }
-    run.filter(|&(lo, hi)| lo <= addr && addr < hi)
 }
 
 /// An owned anonymous private mapping, unmapped on drop: plain kernel-served memory, for
@@ -666,6 +717,54 @@ impl Drop for Mapping {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn each_line_reads_every_line_through_its_buffer_long_ones_cut() {
+        let dir = std::env::temp_dir().join(format!("zf-each-line-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("lines");
+        let long = "x".repeat(20_000);
+        let mut text = String::new();
+        for i in 0..3000 {
+            text += &format!("line {i}\n");
+        }
+        text += &long;
+        text += "\nafter the long one\nlast, no newline";
+        std::fs::write(&path, &text).unwrap();
+        let mut seen = Vec::new();
+        each_line(path.to_str().unwrap(), |l| {
+            seen.push(l.to_string());
+            true
+        })
+        .unwrap();
+        assert_eq!(seen.len(), 3003);
+        assert_eq!((seen[0].as_str(), seen[2999].as_str()), ("line 0", "line 2999"));
+        assert!(seen[3000].len() >= 4096 && seen[3000].len() < long.len() && seen[3000].bytes().all(|c| c == b'x'));
+        assert_eq!(&seen[3001..], ["after the long one", "last, no newline"]);
+        // Stopping early.
+        let mut n = 0;
+        each_line(path.to_str().unwrap(), |_| {
+            n += 1;
+            n < 10
+        })
+        .unwrap();
+        assert_eq!(n, 10);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn accessible_around_finds_the_run_of_open_mappings_holding_an_address() {
+        let m = Mapping::new(8 * PMD_SIZE, Thp::Default).unwrap();
+        let a = m.as_ptr() as usize;
+        // A PROT_NONE hole in the middle splits the run.
+        // SAFETY: the middle PMD of our own mapping.
+        unsafe { protect(a + 4 * PMD_SIZE, PMD_SIZE, libc::PROT_NONE) }.unwrap();
+        let (lo, hi) = accessible_around(a + PMD_SIZE).unwrap();
+        assert!(lo <= a && hi == a + 4 * PMD_SIZE, "{lo:#x}-{hi:#x} for {a:#x}");
+        let (lo, hi) = accessible_around(a + 6 * PMD_SIZE).unwrap();
+        assert!(lo == a + 5 * PMD_SIZE && hi >= a + 8 * PMD_SIZE, "{lo:#x}-{hi:#x}");
+        assert_eq!(accessible_around(a + 4 * PMD_SIZE), None);
+    }
     use super::*;
 
     #[test]
