@@ -379,29 +379,32 @@ fn vma_header(l: &str) -> Option<(usize, usize, &str)> {
 /// file, no name such as `[stack]`; `MAP_SHARED` memory is refused). Reads /proc/self/maps:
 /// not for hot paths.
 pub(crate) fn anonymous_private(addr: usize, len: usize) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return false;
-    };
     let (mut at, end) = (addr, addr.saturating_add(len));
-    for l in maps.lines() {
+    let mut kind_ok = true;
+    // Through a stack buffer, as `accessible_around`: an engine thread calls it (a loan taken
+    // back), and a String of the file would map allocator chunks a program's mlockall locks.
+    let read = each_line("/proc/self/maps", |l| {
         let Some((a, b, perms)) = vma_header(l) else {
+            kind_ok = false;
             return false;
         };
         if b <= at {
-            continue;
+            return true;
         }
         if a > at || at >= end {
-            break;
+            return false;
         }
         // perms offset dev inode [path]
         let mut rest = l.split_whitespace().skip(2);
         let (_offset, _dev, inode, path) = (rest.next(), rest.next(), rest.next(), rest.next());
         if !perms.ends_with('p') || inode != Some("0") || path.is_some() {
+            kind_ok = false;
             return false;
         }
         at = b;
-    }
-    at >= end
+        true
+    });
+    read.is_ok() && kind_ok && at >= end
 }
 
 /// Calls `each(start, len)` for every PMD of `[addr, addr + len)` (clipped to it) where a page
