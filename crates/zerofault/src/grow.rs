@@ -41,8 +41,9 @@ pub(crate) fn fill_end(addr: usize, len: usize) -> usize {
 /// ring on the other CPU, each move flushed that CPU's TLB (an interrupt, a VM exit here) and
 /// the two contended for the ring's page-table lock: `regrow_memset 256` took 0.104-0.138 s
 /// with moves, 0.092-0.099 s with copies, 0.104-0.120 s natively (one sitting, alternated).
-/// Stops at the first refusal (a page present, an event pending: the rest faults as usual).
-/// Returns the bytes installed from `dst`.
+/// A page found present is skipped (counted in); any other refusal (an event pending, the
+/// memory gone) stops it, and the rest faults as usual. Returns the bytes from `dst` that
+/// hold a page now.
 ///
 /// # Context
 /// A program thread, inside a hook (`Engine::fill_grown`).
