@@ -712,29 +712,7 @@ impl Engine {
     /// descriptor.
     pub fn fill_page(&self, addr: usize) -> bool {
         let page = addr & !(PAGE_SIZE - 1);
-        let Some(r) = self.shared.ranges.find(page) else {
-            return false;
-        };
-        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
-        let Some(u) = uffd.as_ref() else { return false };
-        let mut runs = Vec::with_capacity(1);
-        let ix = r.page_of(page);
-        r.map.claim(ix, 1, &mut runs);
-        if runs.is_empty() {
-            return false; // someone else's: installed, or being installed
-        }
-        // SAFETY: one claimed page of a range this engine serves, filled from the zero source.
-        let p = unsafe { u.copy(page, self.shared.zero.addr(), PAGE_SIZE) };
-        match p.errno {
-            None | Some(Errno(libc::EEXIST)) => {
-                Stats::add(&self.shared.stats.pages_copied, 1);
-                true
-            }
-            Some(_) => {
-                r.map.clear(ix, 1);
-                false
-            }
-        }
+        self.fill_claimed(page, page + PAGE_SIZE) == Some(1)
     }
 
     /// Installs zero pages in the part of `[addr, addr + len)` (whole pages of memory the
@@ -755,28 +733,9 @@ impl Engine {
         if !self.is_active() || self.shared.exiting.load(Acquire) || self.shared.pool_paused.load(Acquire) {
             return 0;
         }
-        let Some(r) = self.shared.ranges.find(addr) else {
+        let Some(installed) = self.fill_claimed(addr, crate::grow::fill_end(addr, len)) else {
             return 0;
         };
-        let end = crate::grow::fill_end(addr, len).min(r.end());
-        if addr % PAGE_SIZE != 0 || end <= addr {
-            return 0;
-        }
-        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
-        let Some(u) = uffd.as_ref() else { return 0 };
-        let mut runs = Vec::new();
-        r.map.claim(r.page_of(addr), pages(end - addr), &mut runs);
-        let mut installed = 0;
-        for (first, n) in runs {
-            let dst = r.addr_of(first);
-            let done = crate::grow::fill(&self.shared, u, dst, bytes(n));
-            // 4 KiB pages went in: their PMD holds a page table now.
-            r.pmds.mark_tables(dst, done);
-            if done < bytes(n) {
-                r.map.clear(first + pages(done), n - pages(done));
-            }
-            installed += pages(done);
-        }
         Stats::add(&self.shared.stats.grow_fills, 1);
         Stats::add(&self.shared.stats.grow_pages, installed);
         installed
@@ -790,6 +749,34 @@ impl Engine {
     /// A program thread, inside the shim's madvise hook, signals blocked.
     pub fn set_random(&self, addr: usize, len: usize, on: bool) {
         self.shared.ranges.set_random(addr, addr.saturating_add(len), on);
+    }
+
+    /// Copies zero pages into the pages of `[addr, end)` (clipped to its range) that this call
+    /// claims, from the calling thread ([`crate::grow::fill`]); what does not go in is released
+    /// and faults as usual. Returns the pages there now of those claimed; `None` when there
+    /// was nothing to fill (no served page in the span, or no descriptor).
+    fn fill_claimed(&self, addr: usize, end: usize) -> Option<u64> {
+        let r = self.shared.ranges.find(addr)?;
+        let end = end.min(r.end());
+        if addr % PAGE_SIZE != 0 || end <= addr {
+            return None;
+        }
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let u = uffd.as_ref()?;
+        let mut runs = Vec::new();
+        r.map.claim(r.page_of(addr), pages(end - addr), &mut runs);
+        let mut installed = 0;
+        for (first, n) in runs {
+            let dst = r.addr_of(first);
+            let done = crate::grow::fill(&self.shared, u, dst, bytes(n));
+            // 4 KiB pages went in: their PMD holds a page table now.
+            r.pmds.mark_tables(dst, done);
+            if done < bytes(n) {
+                r.map.clear(first + pages(done), n - pages(done));
+            }
+            installed += pages(done);
+        }
+        Some(installed)
     }
 
     /// Whether `fd` is the engine's own userfaultfd.
