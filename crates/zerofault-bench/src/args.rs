@@ -1,101 +1,44 @@
-//! A small flag parser whose every error is one line naming the flag and what it accepts.
+//! The value parsers behind the subcommands' clap flags (crate::cli), and the one line an error
+//! becomes: every refusal names the flag and what it accepts.
 //!
 //! Values are taken as written: blanks around a value (`--gb " 1"`) make it invalid, as for the
 //! `ZEROFAULT_*` knobs. Lists allow blanks after their commas (`1..2, 16`).
 
-use std::collections::BTreeMap;
+use std::error::Error as _;
 use zerofault::options::MAX_SIZE;
 use zerofault::page::PAGE_SIZE;
 
-/// Flags of one subcommand: name -> whether it takes a value.
-pub struct Spec {
-    pub command: &'static str,
-    pub flags: &'static [(&'static str, bool)],
-    /// Whether arguments other than flags are accepted.
-    pub positional: bool,
+/// A clap value parser for `--name`: `parse` as written, and a refusal as the one line of
+/// [`invalid`] (naming the flag and what it accepts).
+pub fn checked<T>(
+    name: &'static str,
+    accepts: &'static str,
+    parse: impl Fn(&str) -> Option<T> + Clone + Send + Sync + 'static,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static {
+    move |s| parse(s).ok_or_else(|| invalid(name, s, accepts))
 }
 
-/// Parsed flags (last one wins) and positional arguments.
-#[derive(Debug, Default)]
-pub struct Parsed {
-    values: BTreeMap<String, String>,
-    pub(crate) positional: Vec<String>,
-}
+/// A list of integers as one flag value (`--threads 1,2,4`): one value, not repeated flags.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct List(pub Vec<usize>);
 
-impl Spec {
-    /// Parses `--flag value`, `--flag=value` and bare `--switch`; `--` ends the flags.
-    pub fn parse(&self, args: &[String]) -> Result<Parsed, String> {
-        let mut p = Parsed::default();
-        let mut it = args.iter();
-        while let Some(a) = it.next() {
-            if a == "--" {
-                p.positional.extend(it.by_ref().cloned());
-                break;
-            }
-            let Some(body) = a.strip_prefix("--") else {
-                p.positional.push(a.clone());
-                continue;
-            };
-            let (name, inline) = match body.split_once('=') {
-                Some((n, v)) => (n, Some(v.to_string())),
-                None => (body, None),
-            };
-            let Some(&(_, takes_value)) = self.flags.iter().find(|(n, _)| *n == name) else {
-                let known: Vec<String> = self.flags.iter().map(|(n, _)| format!("--{n}")).collect();
-                return Err(format!(
-                    "zerofault {}: unknown flag --{name}; it accepts {}",
-                    self.command,
-                    known.join(", ")
-                ));
-            };
-            let value = if takes_value {
-                match inline {
-                    Some(v) => v,
-                    None => it
-                        .next()
-                        .cloned()
-                        .ok_or_else(|| format!("zerofault {}: --{name} needs a value", self.command))?,
-                }
-            } else {
-                if inline.is_some() {
-                    return Err(format!("zerofault {}: --{name} takes no value", self.command));
-                }
-                String::new()
-            };
-            p.values.insert(name.to_string(), value);
-        }
-        if let (false, Some(extra)) = (self.positional, p.positional.first()) {
-            return Err(format!("zerofault {}: unexpected argument {extra:?}", self.command));
-        }
-        Ok(p)
-    }
-}
-
-impl Parsed {
-    /// The raw value of `--name`, if given (`""` for a switch).
-    pub(crate) fn raw(&self, name: &str) -> Option<&str> {
-        self.values.get(name).map(String::as_str)
-    }
-
-    /// Whether the switch `--name` was given.
-    pub(crate) fn has(&self, name: &str) -> bool {
-        self.values.contains_key(name)
-    }
-
-    /// The value of `--name` parsed by `parse`, or `default`; a refusal names the flag and
-    /// what it accepts (and says so when the value has blanks around it).
-    pub fn get<T>(
-        &self,
-        name: &str,
-        default: T,
-        accepts: &str,
-        parse: impl Fn(&str) -> Option<T>,
-    ) -> Result<T, String> {
-        match self.values.get(name) {
-            None => Ok(default),
-            Some(v) => parse(v).ok_or_else(|| invalid(name, v, accepts)),
+/// A clap error as one line for stderr: a refused value is the value parser's own line
+/// ([`invalid`]); anything else is clap's message with its tip, naming the command and where
+/// its help is. Help and version output are not errors and are not passed here.
+pub fn one_line(e: &clap::Error, command: &str) -> String {
+    if e.kind() == clap::error::ErrorKind::ValueValidation {
+        if let Some(src) = e.source() {
+            return src.to_string();
         }
     }
+    let rendered = e.render().to_string();
+    let said: Vec<&str> = rendered
+        .lines()
+        .take_while(|l| !l.starts_with("Usage:"))
+        .map(|l| l.trim().trim_start_matches("error: "))
+        .filter(|l| !l.is_empty())
+        .collect();
+    format!("{command}: {} (see {command} --help)", said.join("; "))
 }
 
 /// The one line refusing `--name value`.
@@ -130,7 +73,7 @@ pub(crate) const GB_ACCEPTS: &str =
 
 /// A size in GiB of at least `min_bytes` (a multiple of the page size) and at most
 /// [`MAX_GB`]: a finite number, no blanks around it.
-pub fn gib_in(min_bytes: usize) -> impl Fn(&str) -> Option<f64> {
+pub fn gib_in(min_bytes: usize) -> impl Fn(&str) -> Option<f64> + Clone + Send + Sync + 'static {
     debug_assert!(min_bytes > 0 && min_bytes % PAGE_SIZE == 0);
     move |s| positive_f64(s).filter(|gb| *gb <= MAX_GB && *gb * (1u64 << 30) as f64 >= min_bytes as f64)
 }
@@ -138,7 +81,7 @@ pub fn gib_in(min_bytes: usize) -> impl Fn(&str) -> Option<f64> {
 /// A list of integers in `lo..=hi`: `1,2,4`, `1..4` (every integer from 1 to 4) or a mix
 /// (`1..3,8`); each value once, at most 256 entries. Blanks are allowed around its commas and
 /// `..`, not around the whole list.
-pub(crate) fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> {
+pub(crate) fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<List> + Clone + Send + Sync + 'static {
     move |s| {
         if has_blank_ends(s) {
             return None;
@@ -163,7 +106,7 @@ pub(crate) fn int_list(lo: u64, hi: u64) -> impl Fn(&str) -> Option<Vec<usize>> 
                 out.push(v as usize);
             }
         }
-        Some(out)
+        Some(List(out))
     }
 }
 
@@ -173,7 +116,7 @@ pub(crate) fn positive_f64(s: &str) -> Option<f64> {
 }
 
 /// An integer in `lo..=hi`; no blanks around it.
-pub fn int_in(lo: u64, hi: u64) -> impl Fn(&str) -> Option<u64> {
+pub fn int_in(lo: u64, hi: u64) -> impl Fn(&str) -> Option<u64> + Clone + Send + Sync + 'static {
     move |s| s.parse::<u64>().ok().filter(|v| (lo..=hi).contains(v))
 }
 
@@ -182,35 +125,49 @@ mod tests {
     use super::*;
     use crate::fixtures::args;
 
-    const SPEC: Spec = Spec {
-        command: "t",
-        flags: &[("gb", true), ("quiet", false)],
-        positional: true,
-    };
+    use clap::Parser;
+
+    /// A command with one value flag and one switch, as the subcommands declare theirs.
+    #[derive(Parser, Debug)]
+    #[command(name = "t")]
+    struct T {
+        #[arg(long, allow_hyphen_values = true, default_value = "1", value_parser = checked("gb", "a positive size in GiB", positive_f64))]
+        gb: f64,
+        #[arg(long)]
+        quiet: bool,
+        #[arg(long, value_parser = checked("threads", "a list", int_list(1, 64)))]
+        threads: Option<List>,
+    }
+
+    fn t(a: &str) -> Result<T, String> {
+        T::try_parse_from(std::iter::once("t".to_string()).chain(args(a))).map_err(|e| one_line(&e, "zerofault t"))
+    }
 
     #[test]
     fn both_value_spellings_and_switches() {
-        let p = SPEC.parse(&args("--gb 2 --quiet x")).unwrap();
-        assert!(p.positional.len() == 1);
-        assert_eq!(p.get("gb", 1.0, "", positive_f64).unwrap(), 2.0);
-        assert_eq!(p.positional, vec!["x"]);
-        let p = SPEC.parse(&args("--gb=0.5 -- --gb 3")).unwrap();
-        assert_eq!(p.get("gb", 1.0, "", positive_f64).unwrap(), 0.5);
-        assert_eq!(p.positional, vec!["--gb", "3"]);
+        let p = t("--gb 2 --quiet --threads 1..3").unwrap();
+        assert_eq!((p.gb, p.quiet, p.threads), (2.0, true, Some(List(vec![1, 2, 3]))));
+        let p = t("--gb=0.5").unwrap();
+        assert_eq!((p.gb, p.quiet, p.threads), (0.5, false, None));
     }
 
     #[test]
     fn errors_are_one_line_and_name_the_flag() {
         for (a, needle) in [
-            ("--nope", "--nope"),
-            ("--gb", "--gb needs a value"),
-            ("--quiet=1", "--quiet takes no value"),
+            ("--nope", "unexpected argument '--nope'"),
+            ("--gb", "'--gb <GB>'"),
+            ("--quiet=1", "--quiet"),
+            ("--quite", "a similar argument exists: '--quiet'"),
+            ("x", "unexpected argument 'x'"),
         ] {
-            let e = SPEC.parse(&args(a)).unwrap_err();
-            assert!(e.contains(needle) && !e.contains('\n'), "{e}");
+            let e = t(a).unwrap_err();
+            assert!(e.contains(needle) && !e.contains('\n'), "{a}: {e}");
+            assert!(
+                e.starts_with("zerofault t: ") && e.ends_with("(see zerofault t --help)"),
+                "{e}"
+            );
         }
-        let p = SPEC.parse(&args("--gb -1")).unwrap();
-        let e = p.get("gb", 1.0, "a positive size in GiB", positive_f64).unwrap_err();
+        let e = t("--gb -1").unwrap_err();
         assert_eq!(e, "--gb \"-1\" is invalid: it accepts a positive size in GiB");
     }
 
@@ -250,18 +207,17 @@ mod tests {
         let l = int_list(1, 64);
         assert_eq!(l(" 1,2"), None);
         assert_eq!(l("1,2 "), None);
-        assert_eq!(l("1, 2"), Some(vec![1, 2]), "blanks after a comma are the list's");
-        let p = SPEC.parse(&["--gb".to_string(), " 2".to_string()]).unwrap();
-        let e = p.get("gb", 1.0, "a size in GiB", positive_f64).unwrap_err();
+        assert_eq!(l("1, 2"), Some(List(vec![1, 2])), "blanks after a comma are the list's");
+        let e = T::try_parse_from(["t", "--gb", " 2"]).unwrap_err();
         assert_eq!(
-            e,
-            "--gb \" 2\" is invalid: it accepts a size in GiB, without blanks around it"
+            one_line(&e, "zerofault t"),
+            "--gb \" 2\" is invalid: it accepts a positive size in GiB, without blanks around it"
         );
     }
 
     #[test]
     fn integer_lists_and_ranges() {
-        let l = int_list(1, 64);
+        let l = |s| int_list(1, 64)(s).map(|l| l.0);
         assert_eq!(l("1,8,64"), Some(vec![1, 8, 64]));
         assert_eq!(l("1..4"), Some(vec![1, 2, 3, 4]));
         assert_eq!(l("1..2, 16"), Some(vec![1, 2, 16]));

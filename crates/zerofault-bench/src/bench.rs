@@ -31,7 +31,7 @@
 //!   prefault).
 
 use crate::args::{
-    gib_bytes, gib_in, has_blank_ends, int_in, int_list, invalid, positive_f64, Parsed, Spec, GB_ACCEPTS,
+    checked, gib_bytes, gib_in, has_blank_ends, int_in, int_list, invalid, positive_f64, List, GB_ACCEPTS,
 };
 use crate::progress::Progress;
 use crate::sys::{online_cpus, pin_to_cpu, populate_write, process_cpu_time, Hogs, Mapping, Thp};
@@ -43,27 +43,6 @@ use zerofault::{Engine, NodePool, Options, Snapshot};
 
 pub(crate) const CACHE_LINE: usize = 64;
 pub(crate) const MAX_CACHELINES: usize = PAGE_SIZE / CACHE_LINE;
-
-pub(crate) const SPEC: Spec = Spec {
-    command: "bench",
-    flags: &[
-        ("gb", true),
-        ("reps", true),
-        ("threads", true),
-        ("cachelines", true),
-        ("mode", true),
-        ("pattern", true),
-        ("touch", true),
-        ("loop", true),
-        ("busy", true),
-        ("procs", true),
-        ("format", true),
-        ("plot", true),
-        ("pin", false),
-        ("quiet", false),
-    ],
-    positional: false,
-};
 
 /// How a mode gets its memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,7 +168,7 @@ impl Mode {
     }
 
     /// The `--mode` list: modes separated by commas (blanks allowed after them), each once.
-    pub(crate) fn parse_list(s: &str) -> Result<Vec<Mode>, String> {
+    pub(crate) fn parse_list(s: &str) -> Result<Modes, String> {
         if has_blank_ends(s) {
             return Err(invalid("mode", s, MODE_ACCEPTS));
         }
@@ -199,7 +178,7 @@ impl Mode {
                 return Err(format!("--mode {s:?} is invalid: {} is listed twice", m.name()));
             }
         }
-        Ok(modes)
+        Ok(Modes(modes))
     }
 }
 
@@ -253,6 +232,17 @@ pub(crate) enum Format {
     Csv,
 }
 
+impl Format {
+    fn parse(s: &str) -> Option<Format> {
+        match s {
+            "table" => Some(Format::Table),
+            "json" => Some(Format::Json),
+            "csv" => Some(Format::Csv),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct BenchArgs {
     pub(crate) gb: f64,
@@ -295,61 +285,126 @@ impl Default for BenchArgs {
     }
 }
 
-/// `--plot FILE`: a path ending in .svg or .png.
-pub(crate) fn plot_path(p: &Parsed) -> Result<Option<PathBuf>, String> {
-    p.get("plot", None, "a file name ending in .svg or .png", |s| {
-        let lower = s.to_ascii_lowercase();
-        (lower.ends_with(".svg") || lower.ends_with(".png")).then(|| Some(PathBuf::from(s)))
-    })
+/// The `--mode` list as one flag value.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Modes(Vec<Mode>);
+
+/// What `--cachelines` accepts.
+const CACHELINES_ACCEPTS: &str = "a list of cache lines per page 1..=64: 1,8,64 or 1..4";
+const _: () = assert!(MAX_CACHELINES == 64, "CACHELINES_ACCEPTS says 64");
+
+/// `zerofault bench`'s flags, as clap reads them; [`BenchFlags::args`] checks the relations
+/// between them.
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = BENCH_EXAMPLES)]
+pub struct BenchFlags {
+    /// Memory each timed run maps and touches, in GiB.
+    #[arg(long, allow_hyphen_values = true, value_name = "GIB", default_value = "1",
+          value_parser = checked("gb", GB_ACCEPTS, gib_in(PAGE_SIZE)))]
+    gb: f64,
+    /// Timed runs per mode and combination; rows are their medians.
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "3",
+          value_parser = checked("reps", "an integer 1..=1000", int_in(1, 1000)))]
+    reps: u64,
+    /// Thread counts to sweep: 1,2,4 or 1..4.
+    #[arg(long, allow_hyphen_values = true, value_name = "LIST", default_value = "1",
+          value_parser = checked("threads", "a list of thread counts 1..=1024: 1,2,4 or 1..4", int_list(1, 1024)))]
+    threads: List,
+    /// Cache lines written per 4 KiB page, to sweep: 1,8,64 or 1..4.
+    #[arg(long, allow_hyphen_values = true, value_name = "LIST", default_value = "1",
+          value_parser = checked("cachelines", CACHELINES_ACCEPTS, int_list(1, MAX_CACHELINES as u64)))]
+    cachelines: List,
+    /// Modes, comma-separated: native, thp, populate, engine, engine-cold, floor, and
+    /// engine:KNOB=VALUE[:KNOB=VALUE...] or engine-cold:KNOB=VALUE... (one mechanism changed).
+    #[arg(long, allow_hyphen_values = true, value_name = "LIST", default_value = "native,engine", value_parser = Mode::parse_list)]
+    mode: Modes,
+    /// Order of first touch: seq, random, readwrite (each page read, then written) or stride:K.
+    #[arg(long, allow_hyphen_values = true, value_name = "PATTERN", default_value = "seq",
+          value_parser = checked("pattern", "seq, random, readwrite or stride:K (K 1..=1048576)", Pattern::parse))]
+    pattern: Pattern,
+    /// Fraction of each thread's share touched, 0 < F <= 1.
+    #[arg(long, allow_hyphen_values = true, value_name = "F", default_value = "1",
+          value_parser = checked("touch", "a fraction 0 < F <= 1", |s: &str| positive_f64(s).filter(|f| *f <= 1.0)))]
+    touch: f64,
+    /// Allocate, touch and free N times per thread (seed 003's loop).
+    #[arg(long = "loop", allow_hyphen_values = true, value_name = "N", default_value = "1",
+          value_parser = checked("loop", "an integer 1..=1000", int_in(1, 1000)))]
+    loops: u64,
+    /// Pin each thread to a CPU of its own.
+    #[arg(long)]
+    pin: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+    /// N CPU hogs at normal priority beside the whole run.
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "0",
+          value_parser = checked("busy", "an integer 0..=1024 (CPU hogs)", int_in(0, 1024)))]
+    busy: u64,
+    /// N bench processes at once: each one's wall, and the slowest.
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "1",
+          value_parser = checked("procs", "an integer 1..=64 (bench processes at once)", int_in(1, 64)))]
+    procs: u64,
+    /// Output: table, json or csv.
+    #[arg(long, allow_hyphen_values = true, value_name = "FORMAT", default_value = "table",
+          value_parser = checked("format", "table, json or csv", Format::parse))]
+    format: Format,
+    /// Also plot fault/wsec against threads to FILE (.svg or .png).
+    #[arg(long, allow_hyphen_values = true, value_name = "FILE",
+          value_parser = checked("plot", "a file name ending in .svg or .png", plot_path))]
+    plot: Option<PathBuf>,
 }
 
+const BENCH_EXAMPLES: &str = "\
+Examples:
+  zerofault bench                                   1 GiB, native against engine, 3 reps
+  zerofault bench --mode native,thp,engine,engine-cold --threads 1..2
+  zerofault bench --pattern readwrite --loop 10     read, then write; map/touch/unmap 10 times
+  zerofault bench --mode native,engine,engine:pool=off --busy 2 --format json";
+
+/// `--plot FILE`: a path ending in .svg or .png.
+fn plot_path(s: &str) -> Option<PathBuf> {
+    let lower = s.to_ascii_lowercase();
+    (lower.ends_with(".svg") || lower.ends_with(".png")).then(|| PathBuf::from(s))
+}
+
+impl BenchFlags {
+    /// The run these flags ask for, once the relations between them hold.
+    pub(crate) fn args(&self) -> Result<BenchArgs, String> {
+        let a = BenchArgs {
+            gb: self.gb,
+            reps: self.reps as u32,
+            threads: self.threads.0.clone(),
+            cachelines: self.cachelines.0.clone(),
+            modes: self.mode.0.clone(),
+            pattern: self.pattern,
+            touch: self.touch,
+            loops: self.loops as u32,
+            busy: self.busy as u32,
+            procs: self.procs as u32,
+            format: self.format,
+            plot: self.plot.clone(),
+            pin: self.pin,
+            quiet: self.quiet,
+        };
+        a.check()?;
+        Ok(a)
+    }
+}
+
+/// `zerofault bench ARGS` (without the command's name) as [`BenchArgs`]; an error is one line.
+#[cfg(test)]
 pub(crate) fn parse(args: &[String]) -> Result<BenchArgs, String> {
-    let p = SPEC.parse(args)?;
-    let d = BenchArgs::default();
-    let modes = match p.raw("mode") {
-        None => d.modes,
-        Some(s) => Mode::parse_list(s)?,
-    };
-    let a = BenchArgs {
-        gb: p.get("gb", d.gb, GB_ACCEPTS, gib_in(PAGE_SIZE))?,
-        reps: p.get("reps", 3, "an integer 1..=1000", int_in(1, 1000))? as u32,
-        threads: p.get(
-            "threads",
-            d.threads,
-            "a list of thread counts 1..=1024: 1,2,4 or 1..4",
-            int_list(1, 1024),
-        )?,
-        cachelines: p.get(
-            "cachelines",
-            d.cachelines,
-            &format!("a list of cache lines per page 1..={MAX_CACHELINES}: 1,8,64 or 1..4"),
-            int_list(1, MAX_CACHELINES as u64),
-        )?,
-        modes,
-        pattern: p.get(
-            "pattern",
-            d.pattern,
-            "seq, random, readwrite or stride:K (K 1..=1048576)",
-            Pattern::parse,
-        )?,
-        touch: p.get("touch", d.touch, "a fraction 0 < F <= 1", |s| {
-            positive_f64(s).filter(|f| *f <= 1.0)
-        })?,
-        loops: p.get("loop", 1, "an integer 1..=1000", int_in(1, 1000))? as u32,
-        busy: p.get("busy", 0, "an integer 0..=1024 (CPU hogs)", int_in(0, 1024))? as u32,
-        procs: p.get("procs", 1, "an integer 1..=64 (bench processes at once)", int_in(1, 64))? as u32,
-        format: p.get("format", d.format, "table, json or csv", |s| match s {
-            "table" => Some(Format::Table),
-            "json" => Some(Format::Json),
-            "csv" => Some(Format::Csv),
-            _ => None,
-        })?,
-        plot: plot_path(&p)?,
-        pin: p.has("pin"),
-        quiet: p.has("quiet"),
-    };
-    a.check()?;
-    Ok(a)
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Bench {
+        #[command(flatten)]
+        flags: BenchFlags,
+    }
+    let argv = std::iter::once("bench".to_string()).chain(args.iter().cloned());
+    Bench::try_parse_from(argv)
+        .map_err(|e| crate::args::one_line(&e, "zerofault bench"))?
+        .flags
+        .args()
 }
 
 impl BenchArgs {
@@ -954,7 +1009,7 @@ mod tests {
             ("--procs 2 --format csv", "--format csv does not go with --procs"),
             ("--format xml", "--format"),
             ("--plot x.pdf", "--plot"),
-            ("--pin=1", "--pin takes no value"),
+            ("--pin=1", "for '--pin'"),
             ("--frobnicate", "--frobnicate"),
             ("--gb 0.000001 --threads 4", "--gb"),
             ("--gb 1e30", "at most 131072 (128 TiB)"),

@@ -14,7 +14,7 @@
 //! docs/SCALING.md's model uses these terms for N cores; on a machine with more of them,
 //! `--writers N` measures how they grow.
 
-use crate::args::{int_in, positive_f64, Spec};
+use crate::args::{checked, int_in, invalid, positive_f64};
 use crate::sys::{allowed_cpus, pin_to_cpu, populate_write, Mapping, Thp};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -58,33 +58,39 @@ pub(crate) struct Flush {
     pub(crate) stayed_huge: bool,
 }
 
-const SPEC: Spec = Spec {
-    command: "bench-flush",
-    flags: &[("writers", true), ("mib", true), ("secs", true)],
-    positional: false,
-};
+/// `zerofault bench-flush`'s flags.
+#[derive(clap::Args, Clone, Debug)]
+#[command(after_help = "Example:\n  zerofault bench-flush --writers 1 --secs 0.5")]
+pub struct FlushFlags {
+    /// Threads writing to the page while it moves [default: one per CPU the process may use,
+    /// less the mover's].
+    #[arg(long, allow_hyphen_values = true, value_name = "N", value_parser = checked("writers", "an integer 1.. (one CPU the process may use is the mover's)", int_in(1, u64::MAX)))]
+    writers: Option<u64>,
+    /// MiB each writer writes [default: 64, less when many writers].
+    #[arg(long, allow_hyphen_values = true, value_name = "M", value_parser = checked("mib", "an integer 2..=65536 (MiB per writer)", int_in(2, 65536)))]
+    mib: Option<u64>,
+    /// Seconds per phase, 0.05 to 60.
+    #[arg(long, allow_hyphen_values = true, value_name = "F", default_value = "1",
+          value_parser = checked("secs", "seconds per phase, 0.05 to 60", |s: &str| positive_f64(s).filter(|v| (0.05..=60.0).contains(v))))]
+    secs: f64,
+}
 
 /// `zerofault bench-flush [--writers N] [--mib M] [--secs F]`.
-pub fn run_bench_flush(rest: &[String]) -> Result<(), String> {
-    let p = SPEC.parse(rest)?;
+///
+/// # Context
+/// The command's main thread.
+pub fn run_bench_flush(flags: &FlushFlags) -> Result<(), String> {
     let most = allowed_cpus().len().saturating_sub(1).max(1) as u64;
-    let writers = p.get(
-        "writers",
-        most,
-        &format!("an integer 1..={most} (one CPU the process may use is the mover's)"),
-        int_in(1, most),
-    )? as usize;
-    let default_mib = WRITER_MIB.min(TOTAL_MIB / writers).max(2) as u64;
-    let mib = p.get(
-        "mib",
-        default_mib,
-        "an integer 2..=65536 (MiB per writer)",
-        int_in(2, 65536),
-    )? as usize;
-    let secs = p.get("secs", 1.0, "seconds per phase, 0.05 to 60", |s| {
-        positive_f64(s).filter(|v| (0.05..=60.0).contains(v))
-    })?;
-    let f = measure(writers, mib, Duration::from_secs_f64(secs))?;
+    let writers = match flags.writers {
+        None => most,
+        Some(w) if w <= most => w,
+        Some(w) => {
+            let accepts = format!("an integer 1..={most} (one CPU the process may use is the mover's)");
+            return Err(invalid("writers", &w.to_string(), &accepts));
+        }
+    } as usize;
+    let mib = flags.mib.unwrap_or(WRITER_MIB.min(TOTAL_MIB / writers).max(2) as u64) as usize;
+    let f = measure(writers, mib, Duration::from_secs_f64(flags.secs))?;
     print!("{}", f.text());
     Ok(())
 }
@@ -423,11 +429,24 @@ mod tests {
 
     #[test]
     fn bad_arguments_name_the_flag_and_what_it_accepts() {
-        let e = |a: &[&str]| run_bench_flush(&a.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap_err();
-        assert!(e(&["--writers", "0"]).contains("--writers \"0\" is invalid: it accepts an integer 1..="));
+        use clap::Parser;
+        #[derive(Parser)]
+        struct F {
+            #[command(flatten)]
+            flags: FlushFlags,
+        }
+        let e = |a: &[&str]| {
+            let argv = std::iter::once("bench-flush").chain(a.iter().copied());
+            match F::try_parse_from(argv) {
+                Ok(f) => run_bench_flush(&f.flags).unwrap_err(),
+                Err(e) => crate::args::one_line(&e, "zerofault bench-flush"),
+            }
+        };
+        assert!(e(&["--writers", "0"]).contains("--writers \"0\" is invalid: it accepts an integer 1.."));
+        assert!(e(&["--writers", "100000"]).contains("--writers \"100000\" is invalid: it accepts an integer 1..="));
         assert!(e(&["--secs", "-1"]).contains("--secs \"-1\" is invalid: it accepts seconds per phase, 0.05 to 60"));
-        assert!(e(&["--secs"]).contains("--secs needs a value"));
-        assert!(e(&["--bogus"]).contains("unknown flag --bogus; it accepts --writers, --mib, --secs"));
+        assert!(e(&["--secs"]).contains("'--secs <F>'"));
+        assert!(e(&["--bogus"]).contains("unexpected argument '--bogus'"));
         assert!(e(&["--mib", "1"]).contains("--mib \"1\" is invalid: it accepts an integer 2..=65536 (MiB per writer)"));
     }
 

@@ -17,8 +17,8 @@
 //! two machines, are not compared.
 //!
 //! For the `zerofault` command: [`run_bench`] and [`run_report`] run `zerofault bench` and
-//! `zerofault report` from their arguments; [`args`] is the flag parser its other commands
-//! share; [`shuffle`] the fixed-seed permutation `verify` visits pages in; [`Hogs`] the CPU
+//! `zerofault report` from their flags ([`BenchFlags`], [`ReportFlags`], clap's); [`args`] has
+//! the value parsers its other commands share; [`shuffle`] the fixed-seed permutation `verify` visits pages in; [`Hogs`] the CPU
 //! hogs of `--busy`.
 
 pub mod args;
@@ -35,17 +35,21 @@ mod report;
 mod sys;
 mod zeroing;
 
-pub use bench::shuffle;
-pub use flush::run_bench_flush;
+pub use bench::{shuffle, BenchFlags};
+pub use flush::{run_bench_flush, FlushFlags};
+pub use report::ReportFlags;
 pub use sys::Hogs;
 pub use zeroing::run_bench_zero;
 
-/// `zerofault bench ARGS`: runs the sweep and prints its rows (table, JSON or CSV), and the
-/// plot if asked; an error is one line.
-pub fn run_bench(rest: &[String]) -> Result<(), String> {
-    let a = bench::parse(rest)?;
+/// `zerofault bench`: runs the sweep and prints its rows (table, JSON or CSV), and the plot if
+/// asked; an error is one line.
+///
+/// # Context
+/// The command's main thread.
+pub fn run_bench(flags: &BenchFlags) -> Result<(), String> {
+    let a = flags.args()?;
     if a.procs > 1 {
-        return procs::run(&a, rest);
+        return procs::run(&a);
     }
     if let Some(path) = &a.plot {
         // Find out now, not after the whole run, that the plot cannot be written.
@@ -82,8 +86,11 @@ pub fn run_bench(rest: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// `zerofault report ARGS`: runs the headline suite and writes DIR/BENCHMARKS.md, its plots
-/// and benchmarks.json; an error is one line.
-pub fn run_report(rest: &[String]) -> Result<(), String> {
-    report::parse(rest).and_then(|a| report::run(&a))
+/// `zerofault report`: runs the headline suite and writes DIR/BENCHMARKS.md, its plots and
+/// benchmarks.json; an error is one line.
+///
+/// # Context
+/// The command's main thread.
+pub fn run_report(flags: &ReportFlags) -> Result<(), String> {
+    report::run(flags)
 }

@@ -34,38 +34,6 @@ pub(crate) fn wait_for_go() {
     let _ = std::io::stdin().read_line(&mut String::new());
 }
 
-/// The flags for a child: the parent's, less those the parent keeps (`--procs`, `--busy`,
-/// `--format`, `--plot`, `--quiet`), with JSON out, quiet.
-pub(crate) fn child_args(raw: &[String]) -> Vec<String> {
-    const KEPT: [(&str, bool); 5] = [
-        ("procs", true),
-        ("busy", true),
-        ("format", true),
-        ("plot", true),
-        ("quiet", false),
-    ];
-    let mut out = vec![];
-    let mut it = raw.iter();
-    while let Some(a) = it.next() {
-        if a == "--" {
-            out.push(a.clone());
-            out.extend(it.by_ref().cloned());
-            break;
-        }
-        let name = a.strip_prefix("--").map(|b| b.split_once('=').map_or(b, |(n, _)| n));
-        match KEPT.iter().find(|(n, _)| Some(*n) == name) {
-            Some((_, takes_value)) => {
-                if *takes_value && !a.contains('=') {
-                    it.next();
-                }
-            }
-            None => out.push(a.clone()),
-        }
-    }
-    out.extend(["--format", "json", "--quiet"].map(String::from));
-    out
-}
-
 struct Proc {
     child: Child,
     stdin: ChildStdin,
@@ -157,10 +125,10 @@ impl Row {
 }
 
 /// Runs the sweep in `a.procs` processes at once (see the module's docs) and prints the result.
-pub(crate) fn run(a: &BenchArgs, raw: &[String]) -> Result<(), String> {
+pub(crate) fn run(a: &BenchArgs) -> Result<(), String> {
     crate::bench::preflight(&a.modes)?;
     let progress = Progress::new(a.runs(), a.quiet);
-    let rows = measure(a, raw, &progress)?;
+    let rows = measure(a, &progress)?;
     drop(progress);
     match a.format {
         Format::Json => println!("{}", serde_json::to_string_pretty(&to_json(a, &rows)).expect("JSON")),
@@ -169,7 +137,8 @@ pub(crate) fn run(a: &BenchArgs, raw: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// The flags of `a` as `zerofault bench` takes them (for `zerofault report`'s processes).
+/// The flags of `a`'s sweep as `zerofault bench` takes them, without what the parent keeps
+/// (`--procs`, `--busy`, `--format`, `--plot`, `--quiet`).
 pub(crate) fn flags(a: &BenchArgs) -> Vec<String> {
     let list = |v: &[usize]| v.iter().map(usize::to_string).collect::<Vec<_>>().join(",");
     let mut f = vec![
@@ -195,15 +164,24 @@ pub(crate) fn flags(a: &BenchArgs) -> Vec<String> {
     if a.loops > 1 {
         f.extend(["--loop".into(), a.loops.to_string()]);
     }
+    if a.pin {
+        f.push("--pin".into());
+    }
     f
 }
 
-/// The sweep in `a.procs` processes at once, `raw` being its flags; one step of `progress` per
-/// timed run.
-pub(crate) fn measure(a: &BenchArgs, raw: &[String], progress: &Progress) -> Result<Vec<Row>, String> {
+/// The flags a child of [`measure`] runs with: the sweep's, JSON out, quiet.
+pub(crate) fn child_args(a: &BenchArgs) -> Vec<String> {
+    let mut f = flags(a);
+    f.extend(["--format", "json", "--quiet"].map(String::from));
+    f
+}
+
+/// The sweep in `a.procs` processes at once; one step of `progress` per timed run.
+pub(crate) fn measure(a: &BenchArgs, progress: &Progress) -> Result<Vec<Row>, String> {
     crate::bench::check_memory(a)?;
     let _hogs = Hogs::start(a.busy).map_err(|e| format!("--busy: starting a CPU hog: {e}"))?;
-    let args = child_args(raw);
+    let args = child_args(a);
     let mut procs = (0..a.procs)
         .map(|_| Proc::start(&args))
         .collect::<Result<Vec<_>, _>>()?;
@@ -336,16 +314,25 @@ mod tests {
 
     #[test]
     fn a_child_gets_the_flags_less_the_parents_own() {
+        let a = crate::bench::parse(&args(
+            "--gb 0.5 --procs 4 --loop 10 --busy=2 --format json --quiet --mode native,engine --pin --threads 1,2",
+        ))
+        .unwrap();
+        let c = child_args(&a);
         assert_eq!(
-            child_args(&args(
-                "--gb 0.5 --procs 4 --loop 10 --busy=2 --format csv --plot x.svg --quiet --mode native,engine"
-            )),
-            args("--gb 0.5 --loop 10 --mode native,engine --format json --quiet")
+            c,
+            args(
+                "--gb 0.5 --reps 3 --threads 1,2 --cachelines 1 --pattern seq --touch 1 \
+                 --mode native,engine --loop 10 --pin --format json --quiet"
+            )
         );
+        // What a child is given parses back to the same sweep, less the parent's own flags.
+        let back = crate::bench::parse(&c).unwrap();
         assert_eq!(
-            child_args(&args("--procs=2 --reps 1")),
-            args("--reps 1 --format json --quiet")
+            (back.threads, back.loops, back.pin, back.gb),
+            (a.threads, a.loops, a.pin, a.gb)
         );
+        assert_eq!((back.modes, back.procs, back.busy), (a.modes, 1, 0));
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! DIR/BENCHMARKS.md (tables, ratios to native, plots), the plots as PNG, and every row as
 //! DIR/benchmarks.json.
 
-use crate::args::{gib_bytes, gib_in, int_in, Spec, GB_ACCEPTS};
+use crate::args::{checked, gib_bytes, gib_in, int_in, GB_ACCEPTS};
 use crate::bench::{self, Base, BenchArgs, Format, Mode, Pattern, Row};
 use crate::machine::Machine;
 use crate::output::{distinct, gb_text, modes, ratio, ratio_grid};
@@ -16,30 +16,41 @@ use std::path::PathBuf;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use zerofault::page::PAGE_SIZE;
 
-pub(crate) const SPEC: Spec = Spec {
-    command: "report",
-    flags: &[("out", true), ("gb", true), ("reps", true), ("quiet", false)],
-    positional: false,
-};
-
-#[derive(Clone, Debug, PartialEq)]
-pub(crate) struct ReportArgs {
+/// `zerofault report`'s flags.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+#[command(
+    after_help = "Examples:\n  zerofault report --out docs            the committed report\n  zerofault report --gb 0.25 --reps 1    a quick one"
+)]
+pub struct ReportFlags {
+    /// Directory to write BENCHMARKS.md, its plots and benchmarks.json into.
+    #[arg(long, allow_hyphen_values = true, value_name = "DIR", default_value = "zerofault-report",
+          value_parser = checked("out", "a directory", |s: &str| (!s.trim().is_empty()).then(|| PathBuf::from(s))))]
     pub(crate) out: PathBuf,
+    /// Memory each timed run maps and touches, in GiB.
+    #[arg(long, allow_hyphen_values = true, value_name = "GIB", default_value = "1", value_parser = checked("gb", GB_ACCEPTS, gib_in(PAGE_SIZE)))]
     pub(crate) gb: f64,
+    /// Timed runs per mode and combination.
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "3",
+          value_parser = checked("reps", "an integer 1..=1000", |s: &str| int_in(1, 1000)(s).map(|n| n as u32)))]
     pub(crate) reps: u32,
+    /// No progress bar.
+    #[arg(long)]
     pub(crate) quiet: bool,
 }
 
-pub(crate) fn parse(args: &[String]) -> Result<ReportArgs, String> {
-    let p = SPEC.parse(args)?;
-    Ok(ReportArgs {
-        out: p.get("out", PathBuf::from("zerofault-report"), "a directory", |s| {
-            (!s.trim().is_empty()).then(|| PathBuf::from(s))
-        })?,
-        gb: p.get("gb", 1.0, GB_ACCEPTS, gib_in(PAGE_SIZE))?,
-        reps: p.get("reps", 3, "an integer 1..=1000", int_in(1, 1000))? as u32,
-        quiet: p.has("quiet"),
-    })
+/// `zerofault report ARGS` (without the command's name); an error is one line.
+#[cfg(test)]
+pub(crate) fn parse(args: &[String]) -> Result<ReportFlags, String> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Report {
+        #[command(flatten)]
+        flags: ReportFlags,
+    }
+    let argv = std::iter::once("report".to_string()).chain(args.iter().cloned());
+    Report::try_parse_from(argv)
+        .map(|r| r.flags)
+        .map_err(|e| crate::args::one_line(&e, "zerofault report"))
 }
 
 /// One section of the report.
@@ -52,7 +63,7 @@ pub(crate) struct Suite {
 }
 
 /// Every mode, sequential first touch by threads 1..=cpus, one cache line a page.
-fn base_args(r: &ReportArgs, cpus: usize) -> BenchArgs {
+fn base_args(r: &ReportFlags, cpus: usize) -> BenchArgs {
     BenchArgs {
         gb: r.gb,
         reps: r.reps,
@@ -71,7 +82,7 @@ fn base_args(r: &ReportArgs, cpus: usize) -> BenchArgs {
     }
 }
 
-pub(crate) fn suites(r: &ReportArgs, cpus: usize) -> Vec<Suite> {
+pub(crate) fn suites(r: &ReportFlags, cpus: usize) -> Vec<Suite> {
     let base = base_args(r, cpus);
     let variant = |s: &str| Mode::parse(s).expect("report modes parse");
     vec![
@@ -203,7 +214,7 @@ pub(crate) const PROCS: [u32; 2] = [2, 4];
 
 /// The sweep each process of the "several processes" section runs: one thread's first touch,
 /// `n` such processes at once.
-pub(crate) fn procs_args(r: &ReportArgs, n: u32) -> BenchArgs {
+pub(crate) fn procs_args(r: &ReportFlags, n: u32) -> BenchArgs {
     BenchArgs {
         procs: n,
         modes: busy_modes(),
@@ -342,7 +353,7 @@ fn procs_markdown(number: usize, procs: &ProcsDone) -> String {
 }
 
 pub(crate) fn markdown(
-    r: &ReportArgs,
+    r: &ReportFlags,
     m: &Machine,
     done: &[(Suite, Vec<Row>)],
     procs: &ProcsDone,
@@ -436,7 +447,7 @@ pub(crate) fn markdown(
     s
 }
 
-pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
+pub(crate) fn run(r: &ReportFlags) -> Result<(), String> {
     let m = Machine::read();
     let suites = suites(r, m.cpus);
     for s in &suites {
@@ -458,7 +469,7 @@ pub(crate) fn run(r: &ReportArgs) -> Result<(), String> {
             done.push((suite, rows));
         }
         for a in procs_args {
-            let rows = crate::procs::measure(&a, &crate::procs::flags(&a), &progress)?;
+            let rows = crate::procs::measure(&a, &progress)?;
             procs.push((a, rows));
         }
     }

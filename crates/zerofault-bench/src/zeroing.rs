@@ -63,10 +63,10 @@ fn gbs(bytes: usize, t: Duration) -> f64 {
 
 /// `zerofault bench-zero`: the table of every available method; one line for each method the
 /// machine lacks.
-pub fn run_bench_zero(rest: &[String]) -> Result<(), String> {
-    if let Some(a) = rest.first() {
-        return Err(format!("zerofault bench-zero: unknown argument {a}; it takes none"));
-    }
+///
+/// # Context
+/// The command's main thread.
+pub fn run_bench_zero() -> Result<(), String> {
     let t = measure(COLD);
     print!("{}", t.text());
     t.error.map_or(Ok(()), Err)

@@ -10,14 +10,8 @@
 
 use zerofault::page::PAGE_SIZE;
 use zerofault::{is_zero, Engine, Options, Region, Snapshot};
-use zerofault_bench::args::{gib_bytes, gib_in, int_in, Spec};
+use zerofault_bench::args::{checked, gib_bytes, gib_in, int_in};
 use zerofault_bench::shuffle;
-
-pub const SPEC: Spec = Spec {
-    command: "verify",
-    flags: &[("gb", true), ("threads", true), ("busy", true)],
-    positional: false,
-};
 
 /// The smallest size verify checks: 4 MiB, 1024 pages. Below it the patterns cannot show the
 /// paths they must take, with the default knobs: `sequential`'s windows (16, 64 and 256 pages,
@@ -30,21 +24,36 @@ pub const MIN_BYTES: usize = 4 << 20;
 /// What `--gb` accepts: [`MIN_BYTES`] in GiB, up to the knobs' largest size.
 pub const GB_ACCEPTS: &str = "a size in GiB, at least 0.00390625 (4 MiB) and at most 131072 (128 TiB), e.g. 2 or 0.25";
 
-#[derive(Clone, Debug, PartialEq)]
+/// `zerofault verify`'s flags.
+#[derive(clap::Args, Clone, Debug, PartialEq)]
+#[command(after_help = "Examples:\n  zerofault verify\n  zerofault verify --gb 0.25 --busy 2    beside two CPU hogs")]
 pub struct VerifyArgs {
+    /// Engine memory each pattern maps and checks, in GiB (at least 4 MiB).
+    #[arg(long, allow_hyphen_values = true, value_name = "GIB", default_value = "1", value_parser = checked("gb", GB_ACCEPTS, gib_in(MIN_BYTES)))]
     pub gb: f64,
+    /// Threads of the multi-threaded patterns.
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "4",
+          value_parser = checked("threads", "an integer 2..=256", |s: &str| int_in(2, 256)(s).map(|n| n as usize)))]
     pub threads: usize,
-    /// `--busy N`: N CPU hogs at normal priority beside every pattern.
+    /// N CPU hogs at normal priority beside every pattern.
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value = "0",
+          value_parser = checked("busy", "an integer 0..=1024 (CPU hogs)", |s: &str| int_in(0, 1024)(s).map(|n| n as u32)))]
     pub busy: u32,
 }
 
-pub fn parse(args: &[String]) -> Result<VerifyArgs, String> {
-    let p = SPEC.parse(args)?;
-    Ok(VerifyArgs {
-        gb: p.get("gb", 1.0, GB_ACCEPTS, gib_in(MIN_BYTES))?,
-        threads: p.get("threads", 4, "an integer 2..=256", int_in(2, 256))? as usize,
-        busy: p.get("busy", 0, "an integer 0..=1024 (CPU hogs)", int_in(0, 1024))? as u32,
-    })
+/// `zerofault verify ARGS` (without the command's name); an error is one line.
+#[cfg(test)]
+fn parse(args: &[String]) -> Result<VerifyArgs, String> {
+    use clap::Parser;
+    #[derive(Parser)]
+    struct Verify {
+        #[command(flatten)]
+        a: VerifyArgs,
+    }
+    let argv = std::iter::once("verify".to_string()).chain(args.iter().cloned());
+    Verify::try_parse_from(argv)
+        .map(|v| v.a)
+        .map_err(|e| zerofault_bench::args::one_line(&e, "zerofault verify"))
 }
 
 /// Marker of page `i`: never zero.

@@ -544,3 +544,145 @@ fn the_readme_links_the_committed_report_and_its_plots_exist() {
         assert_eq!(&bytes[1..4], b"PNG", "{img}");
     }
 }
+
+/// Every subcommand's `--help` and `-h`, `help SUB`, and `--version`: stdout, status 0, the
+/// subcommand's usage line.
+#[test]
+fn help_and_version_for_the_command_and_every_subcommand() {
+    let o = zerofault(&["--version"], &[]);
+    assert!(o.status.success());
+    assert_eq!(
+        common::stdout(&o).trim(),
+        format!("zerofault {}", env!("CARGO_PKG_VERSION"))
+    );
+    let o = zerofault(&["--help"], &[]);
+    let top = common::stdout(&o);
+    assert!(
+        o.status.success() && top.contains("Usage: zerofault <COMMAND>"),
+        "{top}"
+    );
+    let subs = [
+        "bench",
+        "bench-zero",
+        "bench-flush",
+        "report",
+        "run",
+        "verify",
+        "options",
+        "completions",
+        "man",
+    ];
+    for sub in subs {
+        assert!(top.contains(&format!("\n  {sub} ")), "{sub} listed: {top}");
+        for args in [vec![sub, "--help"], vec![sub, "-h"], vec!["help", sub]] {
+            let o = zerofault(&args, &[]);
+            let out = common::stdout(&o);
+            assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+            assert!(out.contains(&format!("Usage: zerofault {sub}")), "{args:?}: {out}");
+        }
+    }
+    // The examples and the knobs of `run`, in its help.
+    let run = common::stdout(&zerofault(&["run", "--help"], &[]));
+    assert!(
+        run.contains("Examples:") && run.contains("zerofault run -- sort"),
+        "{run}"
+    );
+    for k in ["--pool_max=<VALUE>", "--max_order=<VALUE>", "--zero_method=<VALUE>"] {
+        assert!(run.contains(k), "{k}: {run}");
+    }
+    assert!(common::stdout(&zerofault(&["bench", "--help"], &[])).contains("--pattern <PATTERN>"));
+}
+
+#[test]
+fn misspelt_flags_subcommands_and_knobs_get_a_suggestion() {
+    for (args, tip) in [
+        (vec!["bench", "--gbb", "1"], "a similar argument exists: '--gb'"),
+        (
+            vec!["verify", "--thread", "2"],
+            "a similar argument exists: '--threads'",
+        ),
+        (vec!["benhc"], "'bench'"),
+    ] {
+        let o = zerofault(&args, &[]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "{args:?}: {e}");
+        assert!(e.contains(tip), "{args:?}: {e}");
+    }
+    // A misspelt knob of `run` is named with the one meant, and the program still runs.
+    let o = zerofault(&["run", "--max_ordr=3", "--", "sh", "-c", "exit 7"], &[]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(7), "{e}");
+    assert!(e.contains("unknown knob \"max_ordr\" (did you mean max_order?)"), "{e}");
+    assert!(e.contains("running sh without the engine"), "{e}");
+}
+
+#[test]
+fn completions_load_in_bash_and_name_every_subcommand() {
+    let o = zerofault(&["completions", "bash"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let dir = temp_dir("completions");
+    let script = dir.join("zerofault.bash");
+    std::fs::write(&script, &o.stdout).unwrap();
+    // Loaded, then asked what follows `zerofault b`, as bash would on a tab.
+    let probe = format!(
+        "source {}; COMP_WORDS=(zerofault b); COMP_CWORD=1; COMP_LINE='zerofault b'; COMP_POINT=11; \
+         _zerofault zerofault b zerofault; printf '%s\\n' \"${{COMPREPLY[@]}}\"; complete -p zerofault",
+        script.display()
+    );
+    let b = std::process::Command::new("bash")
+        .args(["--norc", "-c", &probe])
+        .output()
+        .unwrap();
+    let out = common::stdout(&b);
+    assert!(b.status.success(), "{out}{}", stderr(&b));
+    for sub in ["bench", "bench-zero", "bench-flush"] {
+        assert!(out.lines().any(|l| l == sub), "{sub}: {out}");
+    }
+    assert!(
+        out.contains("complete -o bashdefault -o default -o nosort -F _zerofault zerofault"),
+        "{out}"
+    );
+    for (shell, needle) in [("zsh", "#compdef zerofault"), ("fish", "complete -c zerofault")] {
+        let o = zerofault(&["completions", shell], &[]);
+        assert!(o.status.success() && common::stdout(&o).contains(needle), "{shell}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The man pages render with `man -l`: the command's, and one per subcommand from `--out`.
+#[test]
+fn the_man_pages_render() {
+    let render = |page: &std::path::Path| {
+        let o = std::process::Command::new("man")
+            .arg("-l")
+            .arg(page)
+            .env("MANPAGER", "cat")
+            .env("MANWIDTH", "100")
+            .output()
+            .expect("man (Debian's man-db; .ci/run installs it)");
+        assert!(o.status.success(), "{}: {}", page.display(), stderr(&o));
+        common::stdout(&o)
+    };
+    let dir = temp_dir("man");
+    let o = zerofault(&["man"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(dir.join("stdout.1"), &o.stdout).unwrap();
+    let top = render(&dir.join("stdout.1"));
+    for needle in [
+        "NAME",
+        "SYNOPSIS",
+        "zerofault-bench(1)",
+        "zerofault-run(1)",
+        "userfaultfd",
+    ] {
+        assert!(top.contains(needle), "{needle}: {top}");
+    }
+    let o = zerofault(&["man", "--out", dir.join("pages").to_str().unwrap()], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let run = render(&dir.join("pages/zerofault-run.1"));
+    assert!(run.contains("--pool_max") && run.contains("PROGRAM"), "{run}");
+    let bench = render(&dir.join("pages/zerofault-bench.1"));
+    assert!(bench.contains("--pattern") && bench.contains("readwrite"), "{bench}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -310,6 +310,34 @@ pub fn show_size(v: usize) -> String {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OptionError(String);
 
+/// The known name closest to `name` (edit distance at most a third of its length, and 1 at
+/// least), for "did you mean": a misspelt knob.
+fn nearest<'a>(name: &str, known: &[&'a str]) -> Option<&'a str> {
+    let most = (name.len() / 3).max(1);
+    known
+        .iter()
+        .map(|k| (edit_distance(name, k), *k))
+        .filter(|(d, _)| *d <= most)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance over bytes (knob names are ASCII).
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.iter().enumerate() {
+        let mut diag = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let up = row[j + 1];
+            row[j + 1] = (diag + usize::from(ca != cb)).min(up + 1).min(row[j] + 1);
+            diag = up;
+        }
+    }
+    row[b.len()]
+}
+
 impl OptionError {
     fn bad_value(name: &str, value: &str, accepts: &str) -> OptionError {
         let blanks = if value.trim() != value {
@@ -400,10 +428,13 @@ macro_rules! options {
                             OptionError::bad_value(stringify!($name), value, <$kind as Kind>::ACCEPTS)
                         })?;
                     } )*
-                    _ => {
+                    other => {
                         let known: Vec<&str> = vec![$(stringify!($name)),*];
+                        let near = nearest(other, &known)
+                            .map(|k| format!(" (did you mean {k}?)"))
+                            .unwrap_or_default();
                         return Err(OptionError(format!(
-                            "unknown knob {name:?}: known knobs are {}", known.join(", ")
+                            "unknown knob {name:?}{near}: known knobs are {}", known.join(", ")
                         )));
                     }
                 }
@@ -809,6 +840,18 @@ mod tests {
         assert_eq!((o.max_order, o.start_order, o.pool), (3, 1, false));
         let e = o.set("max_ordr", "3").unwrap_err().to_string();
         assert!(e.contains("unknown knob") && e.contains("max_order"), "{e}");
+        let e = Options::default().set("max_ordr", "3").unwrap_err().to_string();
+        assert!(
+            e.starts_with("unknown knob \"max_ordr\" (did you mean max_order?): known knobs are "),
+            "{e}"
+        );
+        let e = Options::default().set("zzz", "3").unwrap_err().to_string();
+        assert!(e.starts_with("unknown knob \"zzz\": known knobs are "), "{e}");
+        assert_eq!(edit_distance("pool_mx", "pool_max"), 1);
+        assert_eq!(
+            nearest("scrub_stat", &["scrub_start", "scrub_stop"]),
+            Some("scrub_start")
+        );
     }
 
     #[test]
