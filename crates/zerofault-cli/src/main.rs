@@ -1,6 +1,7 @@
 //! The `zerofault` command: argument dispatch. `bench` and `report` are zerofault-bench's; `run`,
 //! `verify` and `options` call the engine.
 
+mod doctor;
 mod embedded;
 mod run;
 mod verify;
@@ -30,6 +31,8 @@ usage:
       every served page reads zero before the first write, under several patterns
   zerofault options [--markdown]
       the engine's knobs (environment ZEROFAULT_<NAME>), their defaults and what they accept
+  zerofault doctor [--format table|json]
+      what this machine offers zerofault, with fixes; exit 1 when the engine cannot run here
 ";
 
 fn main() -> ExitCode {
@@ -56,6 +59,7 @@ fn main() -> ExitCode {
         "bench-zero" => zerofault_bench::run_bench_zero(rest),
         "bench-flush" => zerofault_bench::run_bench_flush(rest),
         "verify" => verify::parse(rest).and_then(|a| verify::run(&a)),
+        "doctor" => doctor::main(rest),
         "options" => match rest.first().map(String::as_str) {
             None => {
                 print!("{}", zerofault::Options::table_text());
