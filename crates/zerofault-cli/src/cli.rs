@@ -57,6 +57,20 @@ pub enum Cmd {
     Run(RunFlags),
     /// Every served page reads zero before the first write, under several patterns.
     Verify(crate::verify::VerifyArgs),
+    /// What this machine offers zerofault: each check ok, warn or missing, with the fix.
+    #[command(long_about = "What this machine offers zerofault: the kernel and UFFDIO_MOVE, \
+        userfaultfd access for this user, THP and mTHP, free page reporting, NUMA nodes, the \
+        zeroing methods, a seccomp filter, cgroup CPU and memory limits, and a self-test that \
+        serves 64 MiB and checks it reads zero. Each line is ok, warn or missing, with the exact \
+        fix. Exits 1 when the engine cannot run here; warnings do not fail.")]
+    #[command(
+        after_help = "Examples:\n  zerofault doctor\n  zerofault doctor --format json | jq '.checks[] | select(.status != \"ok\")'"
+    )]
+    Doctor {
+        /// Output: table, or one JSON object.
+        #[arg(long, value_enum, default_value = "table")]
+        format: Format,
+    },
     /// The engine's knobs (environment ZEROFAULT_<NAME>), their defaults and what they accept.
     Options {
         /// As a Markdown table.
@@ -76,6 +90,13 @@ pub enum Cmd {
         #[arg(long, value_name = "DIR")]
         out: Option<PathBuf>,
     },
+}
+
+/// An output format: a table for people, JSON for programs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Format {
+    Table,
+    Json,
 }
 
 /// `zerofault run`'s flags as help shows them; [`crate::run::parse`] reads them.

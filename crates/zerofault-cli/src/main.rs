@@ -7,6 +7,7 @@
 //! clap definition gives its help, completions and man page.
 
 mod cli;
+mod doctor;
 mod embedded;
 mod run;
 mod verify;
@@ -63,5 +64,9 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Man { out } => cli::man(out.as_deref()),
+        Cmd::Doctor { format } => match doctor::run(format == cli::Format::Json) {
+            0 => Ok(()),
+            _ => Err("zerofault doctor: the engine cannot run here (see the lines marked missing)".into()),
+        },
     }
 }

@@ -569,6 +569,7 @@ fn help_and_version_for_the_command_and_every_subcommand() {
         "run",
         "verify",
         "options",
+        "doctor",
         "completions",
         "man",
     ];

@@ -58,10 +58,7 @@ fn chown(path: &str, uid: u32, gid: u32) {
 /// A number that no line of `file` (passwd or group) has as its third field.
 fn unused_id(file: &str, from: u32) -> u32 {
     let text = std::fs::read_to_string(file).unwrap_or_default();
-    let taken: Vec<u32> = text
-        .lines()
-        .filter_map(|l| l.split(':').nth(2)?.parse().ok())
-        .collect();
+    let taken: Vec<u32> = text.lines().filter_map(|l| l.split(':').nth(2)?.parse().ok()).collect();
     (from..).find(|id| !taken.contains(id)).unwrap()
 }
 
@@ -80,31 +77,31 @@ fn as_user(uid: u32, gid: u32, extra: Option<u32>, args: &[&str]) -> Command {
     c
 }
 
-fn zerofault_as(uid: u32, gid: u32, extra: Option<u32>, args: &[&str]) -> Output {
-    let exe = env!("CARGO_BIN_EXE_zerofault");
-    let all: Vec<&str> = std::iter::once(exe).chain(args.iter().copied()).collect();
+fn zerofault_as(exe: &Path, uid: u32, gid: u32, extra: Option<u32>, args: &[&str]) -> Output {
+    let all: Vec<&str> = std::iter::once(exe.to_str().unwrap())
+        .chain(args.iter().copied())
+        .collect();
     run(&mut as_user(uid, gid, extra, &all), LIMIT)
 }
 
-/// Every directory from `path` up is searchable by others (the user reaches the binary and
-/// the shim beside it).
-fn reachable(path: &Path) -> bool {
-    path.ancestors()
-        .skip(1)
-        .all(|d| d.metadata().is_ok_and(|m| m.permissions().mode() & 0o001 != 0))
+/// This build's binary and shim, copied into `dir` (mode 0755), where the user reaches them
+/// (the build's own directory may not be searchable by others); `zerofault run` finds the
+/// shim beside the binary, as in an install.
+fn install(dir: &Path) -> std::path::PathBuf {
+    let exe = dir.join("zerofault");
+    std::fs::copy(env!("CARGO_BIN_EXE_zerofault"), &exe).unwrap();
+    for lib in [common::shim(), common::shim_proper()] {
+        std::fs::copy(&lib, dir.join(lib.file_name().unwrap())).unwrap();
+    }
+    exe
 }
 
 #[test]
 #[cfg_attr(any(zerofault_no_uffd, zerofault_not_root), ignore = "needs userfaultfd and root")]
 fn a_user_in_the_userfaultfd_group_is_served_and_one_without_runs_on_plain_memory() {
-    let exe = Path::new(env!("CARGO_BIN_EXE_zerofault"));
-    assert!(
-        reachable(exe) && reachable(&common::shim()),
-        "{} must be reachable by other users (a directory on its path is not searchable)",
-        exe.display()
-    );
     let dir = temp_dir("nonroot");
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let exe = install(&dir);
     let touch = common::cc("touch", &dir, false);
     let touch = touch.to_str().unwrap();
     let uid = unused_id("/etc/passwd", 47100);
@@ -116,15 +113,27 @@ fn a_user_in_the_userfaultfd_group_is_served_and_one_without_runs_on_plain_memor
     std::fs::write(SYSCTL, "0").unwrap();
 
     // With the group: the engine serves, and doctor says the engine can run.
-    let o = zerofault_as(uid, gid, Some(group), &["run", "--stats", "--", touch, "cold", "256"]);
+    let o = zerofault_as(
+        &exe,
+        uid,
+        gid,
+        Some(group),
+        &["run", "--stats", "--", touch, "cold", "256"],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("cold touch 256 MiB"), "{}", stdout(&o));
     assert!(pages_served(&o) > 0, "served with group access: {}", stderr(&o));
-    let d = zerofault_as(uid, gid, Some(group), &["doctor"]);
-    assert_eq!(d.status.code(), Some(0), "doctor with group access:\n{}{}", stdout(&d), stderr(&d));
+    let d = zerofault_as(&exe, uid, gid, Some(group), &["doctor"]);
+    assert_eq!(
+        d.status.code(),
+        Some(0),
+        "doctor with group access:\n{}{}",
+        stdout(&d),
+        stderr(&d)
+    );
 
     // Without it: the same output on plain memory, the reason said, and doctor names the fix.
-    let o = zerofault_as(uid, gid, None, &["run", "--verbose", "--", touch, "cold", "256"]);
+    let o = zerofault_as(&exe, uid, gid, None, &["run", "--verbose", "--", touch, "cold", "256"]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).starts_with("cold touch 256 MiB"), "{}", stdout(&o));
     let e = stderr(&o);
@@ -133,12 +142,35 @@ fn a_user_in_the_userfaultfd_group_is_served_and_one_without_runs_on_plain_memor
         "the shim says why: {e}"
     );
     assert!(!e.contains("pages_served"), "{e}");
-    let d = zerofault_as(uid, gid, None, &["doctor"]);
+    let d = zerofault_as(&exe, uid, gid, None, &["doctor"]);
     let table = stdout(&d);
-    assert_ne!(d.status.code(), Some(0), "doctor without access:\n{table}{}", stderr(&d));
-    assert!(
-        table.contains("chgrp userfaultfd /dev/userfaultfd") && table.contains("usermod -aG userfaultfd"),
-        "doctor names the fix:\n{table}"
+    assert_ne!(
+        d.status.code(),
+        Some(0),
+        "doctor without access:\n{table}{}",
+        stderr(&d)
     );
+    assert_eq!(d.status.code(), Some(1), "{table}");
+    let status = |name: &str| {
+        let line = table.lines().find(|l| l.starts_with(name)).unwrap_or_default();
+        line[name.len()..]
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(status("userfaultfd access"), "missing", "{table}");
+    assert_eq!(status("self-test"), "missing", "{table}");
+    for fix in [
+        "  $ groupadd -r userfaultfd\n",
+        "  $ chgrp userfaultfd /dev/userfaultfd\n",
+        "  $ chmod 0660 /dev/userfaultfd\n",
+        "usermod -aG userfaultfd",
+        "/etc/udev/rules.d/60-userfaultfd.rules",
+        "KERNEL==\"userfaultfd\", GROUP=\"userfaultfd\", MODE=\"0660\"",
+        "  $ sysctl -w vm.unprivileged_userfaultfd=1\n",
+    ] {
+        assert!(table.contains(fix), "doctor names the fix: no {fix:?} in:\n{table}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
