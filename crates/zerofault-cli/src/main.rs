@@ -3,6 +3,7 @@
 
 mod embedded;
 mod run;
+mod stats;
 mod verify;
 
 use std::process::ExitCode;
@@ -28,6 +29,7 @@ usage:
       runs PROGRAM with the LD_PRELOAD shim: its large anonymous memory is served by the engine
   zerofault verify [--gb F] [--threads N] [--busy N]
       every served page reads zero before the first write, under several patterns
+  zerofault stats [--format text|json] FILE...   sums the lines of ZEROFAULT_STATS=FILE (- for stdin)
   zerofault options [--markdown]
       the engine's knobs (environment ZEROFAULT_<NAME>), their defaults and what they accept
 ";
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         "bench-zero" => zerofault_bench::run_bench_zero(rest),
         "bench-flush" => zerofault_bench::run_bench_flush(rest),
         "verify" => verify::parse(rest).and_then(|a| verify::run(&a)),
+        "stats" => stats::parse(rest).and_then(|(files, json)| stats::run(&files, json)),
         "options" => match rest.first().map(String::as_str) {
             None => {
                 print!("{}", zerofault::Options::table_text());
