@@ -32,13 +32,18 @@ pub fn one_line(e: &clap::Error, command: &str) -> String {
         }
     }
     let rendered = e.render().to_string();
-    let said: Vec<&str> = rendered
-        .lines()
-        .take_while(|l| !l.starts_with("Usage:"))
-        .map(|l| l.trim().trim_start_matches("error: "))
-        .filter(|l| !l.is_empty())
-        .collect();
-    format!("{command}: {} (see {command} --help)", said.join("; "))
+    let mut said = String::new();
+    let lines = rendered.lines().take_while(|l| !l.starts_with("Usage:"));
+    for l in lines.map(|l| l.trim().trim_start_matches("error: ")) {
+        if l.is_empty() || l.starts_with("For more information") {
+            continue;
+        }
+        if !said.is_empty() {
+            said += if said.ends_with(':') { " " } else { "; " };
+        }
+        said += l;
+    }
+    format!("{command}: {said} (see {command} --help)")
 }
 
 /// The one line refusing `--name value`.

@@ -71,6 +71,23 @@ pub enum Cmd {
         #[arg(long, value_enum, default_value = "table")]
         format: Format,
     },
+    /// Add up the JSON lines ZEROFAULT_STATS wrote, one per process: a fleet's counters.
+    #[command(long_about = "Adds up the lines ZEROFAULT_STATS=json (stderr) or \
+        ZEROFAULT_STATS=/path/file wrote, one JSON object per process that started the engine: \
+        `processes N`, then each counter summed (the [max] counters, a method, the zeroing \
+        measurements and an errno, the largest).")]
+    #[command(after_help = "Examples:
+  ZEROFAULT_STATS=/tmp/zf.jsonl zerofault run -- make -j8 && zerofault stats /tmp/zf.jsonl
+  zerofault stats --format json host1.jsonl host2.jsonl
+  journalctl -u myapp -o cat | grep '^{\"pid\"' | zerofault stats -")]
+    Stats {
+        /// Output: one `name value` line per counter, or one JSON object.
+        #[arg(long, value_enum, default_value = "text")]
+        format: StatsFormat,
+        /// Files of JSON lines; `-` reads stdin.
+        #[arg(value_name = "FILE", required = true)]
+        files: Vec<String>,
+    },
     /// The engine's knobs (environment ZEROFAULT_<NAME>), their defaults and what they accept.
     Options {
         /// As a Markdown table.
@@ -96,6 +113,13 @@ pub enum Cmd {
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Format {
     Table,
+    Json,
+}
+
+/// `zerofault stats`' output.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StatsFormat {
+    Text,
     Json,
 }
 

@@ -10,6 +10,7 @@ mod cli;
 mod doctor;
 mod embedded;
 mod run;
+mod stats;
 mod verify;
 
 use cli::{Cli, Cmd};
@@ -64,6 +65,7 @@ fn dispatch(cmd: Cmd) -> Result<(), String> {
             Ok(())
         }
         Cmd::Man { out } => cli::man(out.as_deref()),
+        Cmd::Stats { format, files } => stats::run(&files, format == cli::StatsFormat::Json),
         Cmd::Doctor { format } => match doctor::run(format == cli::Format::Json) {
             0 => Ok(()),
             _ => Err("zerofault doctor: the engine cannot run here (see the lines marked missing)".into()),

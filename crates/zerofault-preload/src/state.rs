@@ -9,7 +9,7 @@ use crate::next;
 use engine::os::mman::{PAGE_SIZE, PMD_SIZE};
 use engine::os::raw;
 use engine::Stats;
-use engine::{Engine, Options};
+use engine::{Engine, Options, StatsOut};
 use libc::{c_char, c_void};
 use std::cell::Cell;
 use std::ffi::CStr;
@@ -42,11 +42,17 @@ static SAY_UNUSED: AtomicBool = AtomicBool::new(false);
 static THRESHOLD: AtomicUsize = AtomicUsize::new(usize::MAX);
 static OPTIONS: OnceLock<Options> = OnceLock::new();
 /// Counters shared by this process's engine and its forked children's (MAP_SHARED), when
-/// `ZEROFAULT_STATS` asks for the exit report.
+/// `ZEROFAULT_STATS` asks for the text report (`on`). With `json` or a file each process
+/// reports its engine's own counters: no block.
 static STATS: AtomicPtr<Stats> = AtomicPtr::new(std::ptr::null_mut());
 /// A copy of stderr taken at start-up for the exit report: programs (coreutils among them)
-/// close fd 2 in their own atexit handlers, which run before library destructors.
+/// close fd 2 in their own atexit handlers, which run before library destructors. With
+/// `ZEROFAULT_STATS=<path>`, that file, opened at start-up; -1 when it could not be opened.
+/// A fork child inherits it (O_CLOEXEC: an exec'd image opens its own).
 static REPORT_FD: AtomicI32 = AtomicI32::new(2);
+/// The lowest descriptor the report's is moved to, out of the way of programs that expect
+/// their own descriptors to be the lowest free ones.
+const REPORT_FD_MIN: usize = 512;
 /// The system's THP setting is `always` (read when the engine starts): new mappings want huge
 /// pages.
 static THP_ALWAYS: AtomicBool = AtomicBool::new(false);
@@ -352,7 +358,7 @@ fn start() {
     let e = match started {
         Ok(e) => e,
         Err(why) => {
-            if opts.stats || opts.verbose {
+            if opts.stats == StatsOut::Text || opts.verbose {
                 say(&format!(
                     "zerofault: engine not started in pid {}: {why}; running on plain memory",
                     getpid()
@@ -518,37 +524,13 @@ fn init_options() {
     // allocator), never with glibc's malloc.
     engine::os::thread::own_allocator();
     if let Err(why) = engine::os::thread::prepare() {
-        if opts.stats || opts.verbose {
+        if opts.stats == StatsOut::Text || opts.verbose {
             say(&format!("zerofault: {why}; running without the engine"));
         }
         STATE.store(OFF, Release);
         return;
     }
-    if opts.stats {
-        // SAFETY: fcntl on fd 2; a failure leaves the report on fd 2 itself.
-        let fd = unsafe { raw::call(libc::SYS_fcntl, [2, libc::F_DUPFD_CLOEXEC as usize, 512, 0, 0, 0]) };
-        if let Ok(fd) = fd {
-            REPORT_FD.store(fd as i32, Release);
-        }
-        let len = std::mem::size_of::<Stats>().next_multiple_of(PAGE_SIZE);
-        // SAFETY: a fresh shared anonymous mapping; checked below.
-        let s = unsafe {
-            raw::call(
-                libc::SYS_mmap,
-                [
-                    0,
-                    len,
-                    (libc::PROT_READ | libc::PROT_WRITE) as usize,
-                    (libc::MAP_SHARED | libc::MAP_ANONYMOUS) as usize,
-                    usize::MAX,
-                    0,
-                ],
-            )
-        };
-        if let Ok(s) = s {
-            STATS.store(s as *mut Stats, Release);
-        }
-    }
+    open_report(&opts.stats);
     THRESHOLD.store(opts.preload_threshold.max(PAGE_SIZE), Release);
     let _ = OPTIONS.set(opts);
     // SAFETY: the handlers are plain extern "C" functions that take and release spin locks,
@@ -556,6 +538,89 @@ fn init_options() {
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
     crate::mmap::listen_to_malloc_hooks();
     STATE.store(IDLE, Release);
+}
+
+/// Where the exit report goes, set up at start-up (`ZEROFAULT_STATS`): a copy of stderr (`on`,
+/// `json`) or the file (a path), on a descriptor of [`REPORT_FD_MIN`] or more; for `on`, the
+/// counters' block shared with fork children.
+fn open_report(out: &StatsOut) {
+    let low = match out {
+        StatsOut::Off => return,
+        StatsOut::Text | StatsOut::Json => 2,
+        StatsOut::File(path) => match open_append(path) {
+            Ok(fd) => fd,
+            Err(e) => {
+                say(&format!(
+                    "zerofault: ZEROFAULT_STATS={path:?}: cannot open it for appending: {e}; no stats are written"
+                ));
+                REPORT_FD.store(-1, Release);
+                return;
+            }
+        },
+    };
+    // SAFETY: fcntl on an open descriptor; a failure leaves the report on `low` itself.
+    let fd = unsafe {
+        raw::call(
+            libc::SYS_fcntl,
+            [low, libc::F_DUPFD_CLOEXEC as usize, REPORT_FD_MIN, 0, 0, 0],
+        )
+    };
+    match fd {
+        Ok(fd) => {
+            REPORT_FD.store(fd as i32, Release);
+            if low != 2 {
+                // SAFETY: closes the descriptor open_append just opened, ours alone.
+                let _ = unsafe { raw::call(libc::SYS_close, [low, 0, 0, 0, 0, 0]) };
+            }
+        }
+        Err(_) => REPORT_FD.store(low as i32, Release),
+    }
+    if *out != StatsOut::Text {
+        return;
+    }
+    let len = std::mem::size_of::<Stats>().next_multiple_of(PAGE_SIZE);
+    // SAFETY: a fresh shared anonymous mapping; checked below.
+    let s = unsafe {
+        raw::call(
+            libc::SYS_mmap,
+            [
+                0,
+                len,
+                (libc::PROT_READ | libc::PROT_WRITE) as usize,
+                (libc::MAP_SHARED | libc::MAP_ANONYMOUS) as usize,
+                usize::MAX,
+                0,
+            ],
+        )
+    };
+    if let Ok(s) = s {
+        STATS.store(s as *mut Stats, Release);
+    }
+}
+
+/// Opens `path` to append the reports to: O_WRONLY|O_APPEND|O_CREAT|O_CLOEXEC, mode 0644 (a
+/// relative path from the working directory now, at start-up).
+fn open_append(path: &str) -> Result<usize, engine::os::raw::Errno> {
+    let mut c = [0u8; libc::PATH_MAX as usize];
+    if path.len() >= c.len() {
+        return Err(engine::os::raw::Errno(libc::ENAMETOOLONG));
+    }
+    c[..path.len()].copy_from_slice(path.as_bytes());
+    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC;
+    // SAFETY: a NUL-terminated path in `c` (the knob refuses NUL bytes), which outlives the call.
+    unsafe {
+        raw::call(
+            libc::SYS_openat,
+            [
+                libc::AT_FDCWD as usize,
+                c.as_ptr() as usize,
+                flags as usize,
+                0o644,
+                0,
+                0,
+            ],
+        )
+    }
 }
 
 extern "C" fn fork_prepare() {
@@ -645,7 +710,17 @@ extern "C" fn fini() {
         };
         say(&format!("zerofault: engine not started in pid {}: {why}", getpid()));
     }
-    if !o.stats || getpid() != ROOT_PID.load(Acquire) {
+    match o.stats {
+        StatsOut::Off => {}
+        StatsOut::Text => text_report(),
+        StatsOut::Json | StatsOut::File(_) => json_report(),
+    }
+}
+
+/// `ZEROFAULT_STATS=on`: the counters of this process and the children it forked, as text, from
+/// the process that loaded the shim, if they served anything.
+fn text_report() {
+    if getpid() != ROOT_PID.load(Acquire) {
         return;
     }
     let s = STATS.load(Acquire);
@@ -671,9 +746,47 @@ extern "C" fn fini() {
     for line in snap.to_text().lines() {
         out += &format!("zerofault: {line}\n");
     }
-    let fd = REPORT_FD.load(Acquire) as usize;
-    // SAFETY: writes a valid buffer of its stated length to our copy of stderr.
-    let _ = unsafe { raw::call(libc::SYS_write, [fd, out.as_ptr() as usize, out.len(), 0, 0, 0]) };
+    report(&out);
+}
+
+/// `ZEROFAULT_STATS=json` or a path: this process's own engine's counters as one JSON line,
+/// from every process that started an engine, served it anything or not (a fork child's
+/// engine is its own: no counter is counted twice).
+fn json_report() {
+    let Some(e) = running() else { return };
+    // Engine::stats waits for a handler in the middle of a message, as in text_report.
+    let line = e.stats().process_json(getpid(), &program_name());
+    report(&line);
+}
+
+/// The process's name (its comm, as `ps` shows it).
+fn program_name() -> String {
+    let mut name = [0u8; 17];
+    // SAFETY: PR_GET_NAME writes at most 16 bytes, NUL included, into the buffer.
+    let _ = unsafe {
+        raw::call(
+            libc::SYS_prctl,
+            [libc::PR_GET_NAME as usize, name.as_mut_ptr() as usize, 0, 0, 0, 0],
+        )
+    };
+    let len = name.iter().position(|&b| b == 0).unwrap_or(16);
+    String::from_utf8_lossy(&name[..len]).into_owned()
+}
+
+/// Writes the report with one write(2), so that the lines of processes sharing the file (or a
+/// pipe, up to PIPE_BUF) do not interleave.
+fn report(out: &str) {
+    let fd = REPORT_FD.load(Acquire);
+    if fd < 0 {
+        return;
+    }
+    // SAFETY: writes a valid buffer of its stated length to our copy of stderr, or the file.
+    let _ = unsafe {
+        raw::call(
+            libc::SYS_write,
+            [fd as usize, out.as_ptr() as usize, out.len(), 0, 0, 0],
+        )
+    };
 }
 
 /// The counters this process reports (shared with its children when stats are on).

@@ -158,7 +158,7 @@ mod zeroing;
 
 pub(crate) use engine::Shared;
 pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
-pub use options::{OptionError, Options};
+pub use options::{OptionError, Options, StatsOut};
 pub use recycle::Recycled;
 pub use region::Region;
 pub use shuttle::PmdShuttle;

@@ -271,6 +271,61 @@ impl Kind for Method {
     }
 }
 
+/// Where the LD_PRELOAD shim reports the engine's counters at exit (the `stats` knob).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StatsOut {
+    /// No report.
+    Off,
+    /// `on`: text on stderr, from the process that loaded the shim, for it and the children it
+    /// forked, when they served something.
+    Text,
+    /// `json`: one JSON object on one line on stderr, from each process that started the engine.
+    Json,
+    /// A path: one JSON object a line appended to this file, from each process that started
+    /// the engine.
+    File(String),
+}
+
+impl StatsOut {
+    /// Whether any report is asked for.
+    pub fn is_on(&self) -> bool {
+        *self != StatsOut::Off
+    }
+
+    /// Whether each process reports its own counters as one JSON line (`json` or a file).
+    pub fn per_process(&self) -> bool {
+        matches!(self, StatsOut::Json | StatsOut::File(_))
+    }
+}
+
+/// A [`StatsOut`]: the on/off spellings of [`Bool`] (on is the text report), `json`, or a path
+/// (anything with a `/`).
+pub struct StatsKind;
+impl Kind for StatsKind {
+    type Value = StatsOut;
+    const ACCEPTS: &'static str = "off, on (1/0, true/false, yes/no: the text report), json (one JSON line \
+         a process on stderr) or a file path containing a / (e.g. ./stats.jsonl or /tmp/zf.jsonl: one JSON \
+         line a process appended to it)";
+    fn parse(s: &str) -> Option<StatsOut> {
+        if s.eq_ignore_ascii_case("json") {
+            return Some(StatsOut::Json);
+        }
+        if let Some(on) = Bool::parse(s) {
+            return Some(if on { StatsOut::Text } else { StatsOut::Off });
+        }
+        // A path: allocated only when one is given. No blanks around it, as for every kind.
+        (s.contains('/') && s.trim() == s && !s.contains('\0')).then(|| StatsOut::File(s.to_string()))
+    }
+    fn show(v: &StatsOut) -> String {
+        match v {
+            StatsOut::Off => "off".into(),
+            StatsOut::Text => "on".into(),
+            StatsOut::Json => "json".into(),
+            StatsOut::File(p) => p.clone(),
+        }
+    }
+}
+
 /// The largest order start_order and max_order accept: 8192 pages, 32 MiB (ahead_order has its
 /// own, [`MAX_AHEAD_ORDER`]).
 pub const MAX_ORDER: u8 = 13;
@@ -591,9 +646,16 @@ options! {
     /// no arena (large malloc blocks go to the next allocator); otherwise at least one block:
     /// a 4K header page plus the threshold, rounded up to 2M (4M for the default threshold).
     preload_arena: Size = "64G",
-    /// LD_PRELOAD shim: print the engine's counters to stderr at exit (the process and the
-    /// children it forked).
-    stats: Bool = "off",
+    /// LD_PRELOAD shim: the engine's counters at exit. `on`: as text on stderr, from the
+    /// process that loaded the shim, for it and the children it forked, when they served
+    /// something. `json`: one JSON object on one line on stderr from each process that started
+    /// the engine, even one that served nothing: `{"pid":..,"program":"<comm>","pages_served":..`
+    /// and every counter. A path (any value with a `/`; a relative one is resolved against
+    /// the working directory of each process as it starts: use an absolute path for a fleet
+    /// that changes directory): the same lines appended to that file, opened with O_APPEND,
+    /// one write each, so that the processes of a fleet can share it; `zerofault stats FILE`
+    /// adds them up.
+    stats: StatsKind = "off",
     /// LD_PRELOAD shim: pass every call through; the program runs as without the shim.
     disable: Bool = "off",
     /// LD_PRELOAD shim: one line on stderr per process saying whether the engine started and,
@@ -974,6 +1036,41 @@ mod tests {
                 .preload_threshold,
             4096
         );
+    }
+
+    #[test]
+    fn stats_takes_the_bool_spellings_json_or_a_path() {
+        for (v, want) in [
+            ("on", StatsOut::Text),
+            ("1", StatsOut::Text),
+            ("YES", StatsOut::Text),
+            ("true", StatsOut::Text),
+            ("off", StatsOut::Off),
+            ("0", StatsOut::Off),
+            ("no", StatsOut::Off),
+            ("false", StatsOut::Off),
+            ("json", StatsOut::Json),
+            ("JSON", StatsOut::Json),
+            ("/tmp/zf.jsonl", StatsOut::File("/tmp/zf.jsonl".into())),
+            ("./stats", StatsOut::File("./stats".into())),
+            ("out/on", StatsOut::File("out/on".into())),
+        ] {
+            let o = env(&[("ZEROFAULT_STATS", v)]).unwrap();
+            assert_eq!(o.stats, want, "{v}");
+            assert_eq!(StatsKind::parse(&StatsKind::show(&o.stats)), Some(want), "{v}");
+        }
+        assert!(!StatsOut::Text.per_process() && StatsOut::Json.per_process());
+        for bad in ["stats.jsonl", "", "jsonl", " /tmp/x", "/tmp/x "] {
+            let e = env(&[("ZEROFAULT_STATS", bad)]).unwrap_err().to_string();
+            assert!(
+                e.starts_with(&format!("ZEROFAULT_STATS={bad:?} is invalid: it accepts off, on")),
+                "{e}"
+            );
+            assert!(
+                e.contains("json") && e.contains("containing a /") && !e.contains('\n'),
+                "{e}"
+            );
+        }
     }
 
     #[test]

@@ -4,6 +4,10 @@
 //! plain snapshot ([`Snapshot`]), its text form (one `name value` line each, like vmstat) and
 //! its JSON form. Counters are only ever added to; relaxed ordering is enough because nobody
 //! derives a decision from them, they are read for reporting.
+//!
+//! Most counters are sums: the counters of several processes add up (`zerofault stats`). Those
+//! marked `[max]` are not (a method chosen, a measurement, an errno): taken together, the
+//! largest stands for them all ([`Snapshot::MAXIMA`]).
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -11,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 pub(crate) const ORDERS: usize = crate::options::MAX_ORDER as usize + 1;
 
 macro_rules! counters {
-    ($( $(#[doc = $doc:literal])+ $name:ident, )*) => {
+    ($( $(#[doc = $doc:literal])+ $([$max:ident])? $name:ident, )*) => {
         /// Live counters of one engine.
         #[derive(Debug, Default)]
         pub struct Stats {
@@ -52,11 +56,24 @@ macro_rules! counters {
                 }
             }
 
+            /// The counters that are not sums (marked `[max]`): added up over processes, each
+            /// takes the largest value instead.
+            pub const MAXIMA: &'static [&'static str] = &[
+                $( $( only_max!($max, $name), )? )*
+            ];
+
             /// The documentation of each counter, by name.
             pub const DOCS: &'static [(&'static str, &'static str)] = &[
                 $( (stringify!($name), concat!($($doc),+)), )*
             ];
         }
+    };
+}
+
+/// `[max]`, the one mark a counter takes; anything else does not compile.
+macro_rules! only_max {
+    (max, $name:ident) => {
+        stringify!($name)
     };
 }
 
@@ -153,17 +170,17 @@ counters! {
     huge_traded,
     /// The method zeroing cold recycled pages: 1 kernel, 2 stosb, 3 nt, 4 clzero, 5 dsa (0 until the
     /// first batch; with zero_method=auto, the fastest measured).
-    zero_method,
+    [max] zero_method,
     /// zero_method=auto's measurement of `kernel` on this machine's cold recycled pages, MB/s.
-    zero_mbps_kernel,
+    [max] zero_mbps_kernel,
     /// The same for `stosb`.
-    zero_mbps_stosb,
+    [max] zero_mbps_stosb,
     /// The same for `nt`.
-    zero_mbps_nt,
+    [max] zero_mbps_nt,
     /// The same for `clzero` (0 where the machine lacks it).
-    zero_mbps_clzero,
+    [max] zero_mbps_clzero,
     /// The same for `dsa` (0 where the machine has no DSA work queue).
-    zero_mbps_dsa,
+    [max] zero_mbps_dsa,
     /// Windows that found the pool empty (or short) and fell back to UFFDIO_COPY.
     pool_empty,
     /// Pages copied because the pool was empty.
@@ -209,7 +226,7 @@ counters! {
     fail_opens,
     /// The errno of that failure (0 if none; one failure per engine, added up across the
     /// engines that share these counters).
-    fail_open_errno,
+    [max] fail_open_errno,
     /// Times the engine handed every fault to the kernel for good because the process came
     /// under a tracer (a debugger attached: it reads and writes memory the kernel must fill) or
     /// installed a seccomp filter.
@@ -328,6 +345,27 @@ impl Snapshot {
         s
     }
 
+    /// One process's line for `ZEROFAULT_STATS=json` or a file, newline included:
+    /// `{"pid":..,"program":"..","pages_served":..,` then every counter of [`Snapshot::to_json`].
+    /// `program` is escaped (a process names itself as it likes).
+    pub fn process_json(&self, pid: i32, program: &str) -> String {
+        let mut name = String::with_capacity(program.len());
+        for c in program.chars() {
+            match c {
+                '"' => name += "\\\"",
+                '\\' => name += "\\\\",
+                c if u32::from(c) < 0x20 || c == '\u{7f}' => name += &format!("\\u{:04x}", u32::from(c)),
+                c => name.push(c),
+            }
+        }
+        let counters = self.to_json();
+        format!(
+            "{{\"pid\":{pid},\"program\":\"{name}\",\"pages_served\":{},{}\n",
+            self.pages_served(),
+            &counters[1..]
+        )
+    }
+
     /// A JSON object with every counter and `window_order` as an array indexed by order.
     pub fn to_json(&self) -> String {
         let mut parts: Vec<String> = self.fields().iter().map(|(n, v)| format!("\"{n}\":{v}")).collect();
@@ -357,6 +395,45 @@ mod tests {
         assert!(json.contains("\"pages_moved\":3"));
         assert!(json.contains("\"window_order\":[0,0,1,"));
         assert_eq!(Snapshot::DOCS.len(), snap.fields().len());
+    }
+
+    #[test]
+    fn a_process_line_is_one_json_object_with_its_name_escaped() {
+        let s = Stats::default();
+        Stats::add(&s.pages_moved, 3);
+        Stats::add(&s.pages_zero_mapped, 2);
+        let line = s.snapshot().process_json(42, "a\"b\\c\td");
+        assert!(line.ends_with("}\n") && line.matches('\n').count() == 1, "{line}");
+        assert!(
+            line.starts_with("{\"pid\":42,\"program\":\"a\\\"b\\\\c\\u0009d\",\"pages_served\":5,\"fault_events\":0,"),
+            "{line}"
+        );
+        assert!(
+            line.contains("\"pages_moved\":3,") && line.contains("\"window_order\":[0,"),
+            "{line}"
+        );
+    }
+
+    /// The `[max]` counters are counters, and the ones that are not sums: a method, the
+    /// measurements, an errno.
+    #[test]
+    fn maxima_are_the_counters_that_are_not_sums() {
+        let names: Vec<&str> = Snapshot::DOCS.iter().map(|(n, _)| *n).collect();
+        assert!(Snapshot::MAXIMA.iter().all(|m| names.contains(m)));
+        let mut m = Snapshot::MAXIMA.to_vec();
+        m.sort_unstable();
+        assert_eq!(
+            m,
+            [
+                "fail_open_errno",
+                "zero_mbps_clzero",
+                "zero_mbps_dsa",
+                "zero_mbps_kernel",
+                "zero_mbps_nt",
+                "zero_mbps_stosb",
+                "zero_method"
+            ]
+        );
     }
 
     #[test]
