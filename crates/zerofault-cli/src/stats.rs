@@ -35,8 +35,13 @@ pub struct Sum {
 impl Sum {
     /// Adds one process's object; an error (without the place) if it is not one.
     pub fn add(&mut self, obj: &Map<String, Value>) -> Result<(), String> {
+        // A sum made before (`zerofault stats --format json`) stands for its processes.
+        let processes = match obj.get("processes") {
+            None => 1,
+            Some(v) => v.as_u64().ok_or_else(|| format!("processes is not a count: {v}"))?,
+        };
         for (name, v) in obj {
-            if NOT_COUNTERS.contains(&name.as_str()) {
+            if NOT_COUNTERS.contains(&name.as_str()) || name == "processes" {
                 continue;
             }
             if name == "window_order" {
@@ -61,7 +66,7 @@ impl Sum {
                 }
             }
         }
-        self.processes += 1;
+        self.processes = self.processes.saturating_add(processes);
         Ok(())
     }
 
@@ -172,6 +177,11 @@ mod tests {
         assert_eq!(j["pages_served"], 15);
         assert_eq!(j["zero_mbps_nt"], 900);
         assert_eq!(j["window_order"], serde_json::json!([1, 3, 4]));
+        // A sum fed back in stands for its processes, and its keys stay one each.
+        let again = sum(&format!("{}\n{}\n", s.to_json(), r#"{"pid":3,"pages_served":1}"#)).unwrap();
+        assert_eq!((again.processes, again.get("pages_served")), (3, Some(16)));
+        assert_eq!(again.get("processes"), None);
+        assert_eq!(again.to_json().matches("\"processes\"").count(), 1);
     }
 
     /// Every `[max]` counter is taken as the largest, every other as a sum, whatever the

@@ -7,6 +7,7 @@ mod common;
 use common::{run, shim, stderr, stdout, temp_dir, zerofault};
 use serde_json::Value;
 use std::collections::BTreeSet;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -229,4 +230,30 @@ fn a_bad_value_is_one_line_and_the_program_runs() {
         err.contains("ZEROFAULT_STATS=\"/nonexistent-dir/stats.jsonl\": cannot open it"),
         "{err}"
     );
+    // A FIFO (opening it would wait for a reader, inside the program's first large request)
+    // and a path that is not UTF-8: one line each, the program runs.
+    let dir = common::temp_dir("stats-fifo");
+    let fifo = dir.join("fifo");
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo with a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let not_utf8 = std::ffi::OsStr::from_bytes(b"/tmp/\xff.jsonl");
+    for (value, said) in [
+        (fifo.as_os_str(), "cannot open it for appending"),
+        (not_utf8, "ZEROFAULT_STATS=\"(not UTF-8)\" is invalid"),
+    ] {
+        let o = run(
+            Command::new("/bin/echo")
+                .arg("hi")
+                .env("LD_PRELOAD", shim())
+                .env("ZEROFAULT_PRELOAD_THRESHOLD", "4K")
+                .env("ZEROFAULT_STATS", value),
+            Duration::from_secs(30),
+        );
+        assert!(o.status.success() && stdout(&o) == "hi\n", "{o:?}");
+        let err = stderr(&o);
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(said), "{err}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -69,6 +69,7 @@ mod malloc;
 mod mmap;
 #[cfg(not(test))]
 mod next;
+mod report;
 #[cfg(not(test))]
 pub mod rights;
 #[cfg(not(test))]

@@ -45,14 +45,6 @@ static OPTIONS: OnceLock<Options> = OnceLock::new();
 /// `ZEROFAULT_STATS` asks for the text report (`on`). With `json` or a file each process
 /// reports its engine's own counters: no block.
 static STATS: AtomicPtr<Stats> = AtomicPtr::new(std::ptr::null_mut());
-/// A copy of stderr taken at start-up for the exit report: programs (coreutils among them)
-/// close fd 2 in their own atexit handlers, which run before library destructors. With
-/// `ZEROFAULT_STATS=<path>`, that file, opened at start-up; -1 when it could not be opened.
-/// A fork child inherits it (O_CLOEXEC: an exec'd image opens its own).
-static REPORT_FD: AtomicI32 = AtomicI32::new(2);
-/// The lowest descriptor the report's is moved to, out of the way of programs that expect
-/// their own descriptors to be the lowest free ones.
-const REPORT_FD_MIN: usize = 512;
 /// The system's THP setting is `always` (read when the engine starts): new mappings want huge
 /// pages.
 static THP_ALWAYS: AtomicBool = AtomicBool::new(false);
@@ -188,8 +180,7 @@ pub fn getpid() -> i32 {
 /// Writes one line to stderr without buffering; errno is kept.
 pub fn say(line: &str) {
     let s = format!("{line}\n");
-    // SAFETY: writes a valid buffer of its stated length to fd 2.
-    let _ = unsafe { raw::call(libc::SYS_write, [2, s.as_ptr() as usize, s.len(), 0, 0, 0]) };
+    crate::report::write_quietly(2, s.as_bytes());
 }
 
 /// A pointer the program handed to `free` or `realloc` that no live block starts at: one line
@@ -417,7 +408,7 @@ fn start() {
 /// The value of the first `environ` entry for which `value_at` gives the offset of its value,
 /// read straight from `environ` (no std::env: it may not be set up yet), borrowed: nothing is
 /// allocated at load.
-fn environ_find(value_at: impl Fn(&[u8]) -> Option<usize>) -> Option<&'static str> {
+fn environ_find(value_at: impl Fn(&[u8]) -> Option<usize>) -> Option<&'static [u8]> {
     extern "C" {
         static environ: *const *const c_char;
     }
@@ -432,7 +423,7 @@ fn environ_find(value_at: impl Fn(&[u8]) -> Option<usize>) -> Option<&'static st
         while !(*p).is_null() {
             let kv = CStr::from_ptr(*p).to_bytes();
             if let Some(at) = value_at(kv) {
-                return std::str::from_utf8(&kv[at..]).ok();
+                return Some(&kv[at..]);
             }
             p = p.add(1);
         }
@@ -445,7 +436,12 @@ fn environ_lookup(name: &[u8]) -> Option<&'static str> {
     environ_find(|kv| {
         (kv.len() > name.len() && kv.starts_with(name) && kv[name.len()] == b'=').then_some(name.len() + 1)
     })
+    .and_then(|v| std::str::from_utf8(v).ok())
 }
+
+/// What a knob's value that is not UTF-8 reads as: a value every knob refuses (no `/`, not a
+/// number, a switch or a name), so that the refusal is the knob's one line, naming it.
+const NOT_UTF8: &str = "(not UTF-8)";
 
 /// The value of knob `knob`'s variable (`ZEROFAULT_<KNOB>`, the name in any case).
 fn env_lookup(knob: &str) -> Option<&'static str> {
@@ -458,6 +454,7 @@ fn env_lookup(knob: &str) -> Option<&'static str> {
             && kv.get(end) == Some(&b'='))
         .then_some(end + 1)
     })
+    .map(|v| std::str::from_utf8(v).unwrap_or(NOT_UTF8))
 }
 
 #[used]
@@ -544,36 +541,10 @@ fn init_options() {
 /// `json`) or the file (a path), on a descriptor of [`REPORT_FD_MIN`] or more; for `on`, the
 /// counters' block shared with fork children.
 fn open_report(out: &StatsOut) {
-    let low = match out {
+    match out {
         StatsOut::Off => return,
-        StatsOut::Text | StatsOut::Json => 2,
-        StatsOut::File(path) => match open_append(path) {
-            Ok(fd) => fd,
-            Err(e) => {
-                say(&format!(
-                    "zerofault: ZEROFAULT_STATS={path:?}: cannot open it for appending: {e}; no stats are written"
-                ));
-                REPORT_FD.store(-1, Release);
-                return;
-            }
-        },
-    };
-    // SAFETY: fcntl on an open descriptor; a failure leaves the report on `low` itself.
-    let fd = unsafe {
-        raw::call(
-            libc::SYS_fcntl,
-            [low, libc::F_DUPFD_CLOEXEC as usize, REPORT_FD_MIN, 0, 0, 0],
-        )
-    };
-    match fd {
-        Ok(fd) => {
-            REPORT_FD.store(fd as i32, Release);
-            if low != 2 {
-                // SAFETY: closes the descriptor open_append just opened, ours alone.
-                let _ = unsafe { raw::call(libc::SYS_close, [low, 0, 0, 0, 0, 0]) };
-            }
-        }
-        Err(_) => REPORT_FD.store(low as i32, Release),
+        StatsOut::Text | StatsOut::Json => crate::report::open(None),
+        StatsOut::File(path) => crate::report::open(Some(path)),
     }
     if *out != StatsOut::Text {
         return;
@@ -595,31 +566,6 @@ fn open_report(out: &StatsOut) {
     };
     if let Ok(s) = s {
         STATS.store(s as *mut Stats, Release);
-    }
-}
-
-/// Opens `path` to append the reports to: O_WRONLY|O_APPEND|O_CREAT|O_CLOEXEC, mode 0644 (a
-/// relative path from the working directory now, at start-up).
-fn open_append(path: &str) -> Result<usize, engine::os::raw::Errno> {
-    let mut c = [0u8; libc::PATH_MAX as usize];
-    if path.len() >= c.len() {
-        return Err(engine::os::raw::Errno(libc::ENAMETOOLONG));
-    }
-    c[..path.len()].copy_from_slice(path.as_bytes());
-    let flags = libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_CLOEXEC;
-    // SAFETY: a NUL-terminated path in `c` (the knob refuses NUL bytes), which outlives the call.
-    unsafe {
-        raw::call(
-            libc::SYS_openat,
-            [
-                libc::AT_FDCWD as usize,
-                c.as_ptr() as usize,
-                flags as usize,
-                0o644,
-                0,
-                0,
-            ],
-        )
     }
 }
 
@@ -746,7 +692,7 @@ fn text_report() {
     for line in snap.to_text().lines() {
         out += &format!("zerofault: {line}\n");
     }
-    report(&out);
+    crate::report::write_report(&out);
 }
 
 /// `ZEROFAULT_STATS=json` or a path: this process's own engine's counters as one JSON line,
@@ -756,7 +702,7 @@ fn json_report() {
     let Some(e) = running() else { return };
     // Engine::stats waits for a handler in the middle of a message, as in text_report.
     let line = e.stats().process_json(getpid(), &program_name());
-    report(&line);
+    crate::report::write_report(&line);
 }
 
 /// The process's name (its comm, as `ps` shows it).
@@ -771,22 +717,6 @@ fn program_name() -> String {
     };
     let len = name.iter().position(|&b| b == 0).unwrap_or(16);
     String::from_utf8_lossy(&name[..len]).into_owned()
-}
-
-/// Writes the report with one write(2), so that the lines of processes sharing the file (or a
-/// pipe, up to PIPE_BUF) do not interleave.
-fn report(out: &str) {
-    let fd = REPORT_FD.load(Acquire);
-    if fd < 0 {
-        return;
-    }
-    // SAFETY: writes a valid buffer of its stated length to our copy of stderr, or the file.
-    let _ = unsafe {
-        raw::call(
-            libc::SYS_write,
-            [fd as usize, out.as_ptr() as usize, out.len(), 0, 0, 0],
-        )
-    };
 }
 
 /// The counters this process reports (shared with its children when stats are on).

@@ -653,8 +653,9 @@ options! {
     /// and every counter. A path (any value with a `/`; a relative one is resolved against
     /// the working directory of each process as it starts: use an absolute path for a fleet
     /// that changes directory): the same lines appended to that file, opened with O_APPEND,
-    /// one write each, so that the processes of a fleet can share it; `zerofault stats FILE`
-    /// adds them up.
+    /// one write each, so that the processes of a fleet can share it (a regular file only);
+    /// `zerofault stats FILE` adds them up. Written at exit: a process that ends with
+    /// `_exit`, a signal or an exec writes none.
     stats: StatsKind = "off",
     /// LD_PRELOAD shim: pass every call through; the program runs as without the shim.
     disable: Bool = "off",
