@@ -190,7 +190,10 @@ pub fn usage_error(e: clap::Error) -> ExitCode {
             ExitCode::from(2)
         }
         _ => {
-            let sub = std::env::args().nth(1).filter(|s| !s.starts_with('-'));
+            let sub = std::env::args_os()
+                .nth(1)
+                .map(|s| s.to_string_lossy().into_owned())
+                .filter(|s| !s.starts_with('-'));
             let name = match sub {
                 Some(s) if command().find_subcommand(&s).is_some() => format!("zerofault {s}"),
                 _ => "zerofault".to_string(),

@@ -18,7 +18,7 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if argv.get(1).is_some_and(|a| a == "run") && !argv.get(2).is_some_and(|a| a == "-h" || a == "--help") {
+    if argv.get(1).is_some_and(|a| a == "run") && !run::asks_help(&argv[2..]) {
         let e = match run::parse(&argv[2..]) {
             Ok(a) => run::run(&a), // returns only if exec failed
             Err(e) => e,
@@ -26,6 +26,11 @@ fn main() -> ExitCode {
         eprintln!("{e}");
         return ExitCode::from(127);
     }
+    // Output cut short (`zerofault bench | head`) ends the command quietly, as it would a C
+    // tool: the default action of SIGPIPE, which Rust's runtime ignores. (`run` execs the
+    // program with the disposition it was given.)
+    // SAFETY: signal() with a valid signal number and SIG_DFL.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let matches = match cli::command().try_get_matches_from(&argv) {
         Ok(m) => m,
         Err(e) => return cli::usage_error(e),

@@ -68,6 +68,14 @@ pub fn parse(args: &[OsString]) -> Result<RunArgs, String> {
     Ok(a)
 }
 
+/// Whether `args` (after `run`) ask for run's help: `-h` or `--help` among its own flags,
+/// before the program (`--`, or the first word that is not a flag).
+pub fn asks_help(args: &[OsString]) -> bool {
+    args.iter()
+        .take_while(|a| *a != "--" && a.to_string_lossy().starts_with('-'))
+        .any(|a| a == "-h" || a == "--help")
+}
+
 /// Where the shim may be, next to the running binary (a cargo build puts it in the same
 /// directory or in its `deps/`; an install in `../lib`).
 pub fn candidates(exe: &Path) -> Vec<PathBuf> {
@@ -233,6 +241,15 @@ mod tests {
         for bad in ["", "--stats", "--bogus -- x"] {
             let e = parse(&os(bad)).unwrap_err();
             assert!(!e.contains('\n') && e.starts_with("zerofault run:"), "{e}");
+        }
+    }
+
+    #[test]
+    fn help_is_asked_among_runs_own_flags_only() {
+        assert!(asks_help(&os("--help")) && asks_help(&os("--stats -h -- x")));
+        assert!(asks_help(&os("--max_order=3 --help x")));
+        for not in ["-- -h", "prog --help", "--stats -- prog -h", ""] {
+            assert!(!asks_help(&os(not)), "{not}");
         }
     }
 
