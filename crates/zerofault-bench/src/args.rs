@@ -22,6 +22,20 @@ pub fn checked<T>(
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct List(pub Vec<usize>);
 
+/// Flags of type `T` (a subcommand's) parsed from `args` as `zerofault COMMAND args` would be,
+/// an error as its [`one_line`]: for the subcommands' tests, without the whole command.
+pub fn parse_flags<T: clap::Args + clap::FromArgMatches>(command: &str, args: &[String]) -> Result<T, String> {
+    #[derive(clap::Parser)]
+    struct Wrap<T: clap::Args> {
+        #[command(flatten)]
+        flags: T,
+    }
+    let argv = std::iter::once(command.to_string()).chain(args.iter().cloned());
+    <Wrap<T> as clap::Parser>::try_parse_from(argv)
+        .map(|w| w.flags)
+        .map_err(|e| one_line(&e, &format!("zerofault {command}")))
+}
+
 /// A clap error as one line for stderr: a refused value is the value parser's own line
 /// ([`invalid`]); anything else is clap's message with its tip, naming the command and where
 /// its help is. Help and version output are not errors and are not passed here.

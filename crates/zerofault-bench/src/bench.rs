@@ -394,17 +394,7 @@ impl BenchFlags {
 /// `zerofault bench ARGS` (without the command's name) as [`BenchArgs`]; an error is one line.
 #[cfg(test)]
 pub(crate) fn parse(args: &[String]) -> Result<BenchArgs, String> {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Bench {
-        #[command(flatten)]
-        flags: BenchFlags,
-    }
-    let argv = std::iter::once("bench".to_string()).chain(args.iter().cloned());
-    Bench::try_parse_from(argv)
-        .map_err(|e| crate::args::one_line(&e, "zerofault bench"))?
-        .flags
-        .args()
+    crate::args::parse_flags::<BenchFlags>("bench", args)?.args()
 }
 
 impl BenchArgs {

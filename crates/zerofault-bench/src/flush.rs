@@ -429,17 +429,11 @@ mod tests {
 
     #[test]
     fn bad_arguments_name_the_flag_and_what_it_accepts() {
-        use clap::Parser;
-        #[derive(Parser)]
-        struct F {
-            #[command(flatten)]
-            flags: FlushFlags,
-        }
         let e = |a: &[&str]| {
-            let argv = std::iter::once("bench-flush").chain(a.iter().copied());
-            match F::try_parse_from(argv) {
-                Ok(f) => run_bench_flush(&f.flags).unwrap_err(),
-                Err(e) => crate::args::one_line(&e, "zerofault bench-flush"),
+            let args: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+            match crate::args::parse_flags::<FlushFlags>("bench-flush", &args) {
+                Ok(f) => run_bench_flush(&f).unwrap_err(),
+                Err(e) => e,
             }
         };
         assert!(e(&["--writers", "0"]).contains("--writers \"0\" is invalid: it accepts an integer 1.."));

@@ -41,16 +41,7 @@ pub struct ReportFlags {
 /// `zerofault report ARGS` (without the command's name); an error is one line.
 #[cfg(test)]
 pub(crate) fn parse(args: &[String]) -> Result<ReportFlags, String> {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Report {
-        #[command(flatten)]
-        flags: ReportFlags,
-    }
-    let argv = std::iter::once("report".to_string()).chain(args.iter().cloned());
-    Report::try_parse_from(argv)
-        .map(|r| r.flags)
-        .map_err(|e| crate::args::one_line(&e, "zerofault report"))
+    crate::args::parse_flags("report", args)
 }
 
 /// One section of the report.

@@ -44,16 +44,7 @@ pub struct VerifyArgs {
 /// `zerofault verify ARGS` (without the command's name); an error is one line.
 #[cfg(test)]
 fn parse(args: &[String]) -> Result<VerifyArgs, String> {
-    use clap::Parser;
-    #[derive(Parser)]
-    struct Verify {
-        #[command(flatten)]
-        a: VerifyArgs,
-    }
-    let argv = std::iter::once("verify".to_string()).chain(args.iter().cloned());
-    Verify::try_parse_from(argv)
-        .map(|v| v.a)
-        .map_err(|e| zerofault_bench::args::one_line(&e, "zerofault verify"))
+    zerofault_bench::args::parse_flags("verify", args)
 }
 
 /// Marker of page `i`: never zero.
