@@ -270,27 +270,10 @@ impl Predictor {
                 let grown = (self.streams[i].order + step).max(t.start_order);
                 (i, grown.min(t.max_order), Outcome::Hit, self.streams[i].down)
             }
-            None => {
-                let first = !self.streams.iter().any(|s| s.live);
-                // The least recently used (or an unused) slot opens the new stream.
-                let i = (0..STREAMS)
-                    .min_by_key(|&i| (self.streams[i].live, self.streams[i].last_use))
-                    .unwrap_or(0);
-                if first {
-                    (i, t.start_order.min(t.max_order), Outcome::Start, false)
-                } else {
-                    if let Some(w) = f.probing.then(|| self.strided(i, page, last)).flatten() {
-                        return w;
-                    }
-                    if self.descents >= DOWN_AFTER && self.low == Some(page) {
-                        // A descent, at a new low: a stream going down starts here, probed as
-                        // one going up. (Above the low is a frame's top: one page.)
-                        (i, t.start_order.min(t.max_order), Outcome::Start, true)
-                    } else {
-                        (i, 0, Outcome::Miss, false)
-                    }
-                }
-            }
+            None => match self.open(page, last, &f, t) {
+                Ok(opened) => opened,
+                Err(sparse) => return sparse,
+            },
         };
         let (first, pages) = match down {
             false => Self::window_up(page, order, &f),
@@ -324,6 +307,34 @@ impl Predictor {
             stride: 0,
             down,
         }
+    }
+
+    /// A fault no stream expected, at `page` (`last`: the thread's fault before): the slot,
+    /// order, outcome and direction of the stream it opens, or the window of a sparse stream.
+    fn open(
+        &mut self,
+        page: u64,
+        last: Option<u64>,
+        f: &Fault<'_>,
+        t: &Tuning,
+    ) -> Result<(usize, u8, Outcome, bool), Window> {
+        let first = !self.streams.iter().any(|s| s.live);
+        // The least recently used (or an unused) slot opens the new stream.
+        let i = (0..STREAMS)
+            .min_by_key(|&i| (self.streams[i].live, self.streams[i].last_use))
+            .unwrap_or(0);
+        if first {
+            return Ok((i, t.start_order.min(t.max_order), Outcome::Start, false));
+        }
+        if let Some(w) = f.probing.then(|| self.strided(i, page, last)).flatten() {
+            return Err(w);
+        }
+        if self.descents >= DOWN_AFTER && self.low == Some(page) {
+            // A descent, at a new low: a stream going down starts here, probed as one going
+            // up. (Above the low is a frame's top: one page.)
+            return Ok((i, t.start_order.min(t.max_order), Outcome::Start, true));
+        }
+        Ok((i, 0, Outcome::Miss, false))
     }
 
     /// A window going up from `page`: `2^order` pages; with a phase, one of a PMD or more is
