@@ -420,17 +420,6 @@ impl<K: Kernel> Handler<'_, K> {
     /// knows where. A stream that goes on past the span starts afresh in the range left over,
     /// and is found sparse again within three to six faults.
     pub(crate) fn hand_back_sparse(&mut self, range: &Arc<Range>, page: u64, stride: i64) -> bool {
-        self.hand_back_way(range, page, stride, true)
-    }
-
-    /// As [`Self::hand_back_sparse`], for a stream that is not sparse: one going down that
-    /// finds the pool short (fault/locate.rs). Its mapping is no evidence that the program's
-    /// next ones are not worth registering.
-    pub(crate) fn hand_back_dense(&mut self, range: &Arc<Range>, page: u64, stride: i64) -> bool {
-        self.hand_back_way(range, page, stride, false)
-    }
-
-    fn hand_back_way(&mut self, range: &Arc<Range>, page: u64, stride: i64, sparse: bool) -> bool {
         let reach = SPARSE_REACH.max(stride.unsigned_abs().saturating_mul(SPARSE_STRIDES));
         let (lo, hi) = if stride >= 0 {
             (page, page.saturating_add(reach).min(range.pages) - 1)
@@ -454,7 +443,7 @@ impl<K: Kernel> Handler<'_, K> {
         };
         // Sparse to the range's end its way (a stack gone down to its bottom, a mapping
         // strided to its end): one more mapping not worth registering (`Engine::leaves_mapping`).
-        if sparse && ((stride >= 0 && b == range.pages) || (stride < 0 && a == 0)) {
+        if (stride >= 0 && b == range.pages) || (stride < 0 && a == 0) {
             self.shared.sparse_run.fetch_add(1, Relaxed);
         }
         (a..b).contains(&page)

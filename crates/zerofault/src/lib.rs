@@ -51,9 +51,8 @@
 //! 6. When a thread's faults in a region keep missing the predictions (random access), the
 //!    span they fell in is unregistered: the kernel serves it natively from then on, because a
 //!    round trip per sparse page would cost ten native faults. A sparse stream (past its probe,
-//!    or missing at one stride, up or down) has its way ahead unregistered at once: 64 MiB
-//!    or more, so that only what it touches becomes resident. A dense stream going down (a
-//!    stack) gets windows that end at its fault and grow below it (`predict.rs`).
+//!    or missing at one stride, or going down) has its way ahead unregistered at once: 64 MiB
+//!    or more, so that only what it touches becomes resident.
 //!
 //! ## The life of a page
 //! 1. Reserved: the pool is two anonymous areas used as rings (`MADV_DONTFORK`): a small one

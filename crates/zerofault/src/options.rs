@@ -591,10 +591,10 @@ options! {
     /// hands back (sparse streams neither: see `probe`).
     handback_misses: Count = "8",
     /// Sparse streams go to the kernel: a new stream's first window leaves out the page after
-    /// the fault's (before it, going down); a writer of every page faults there once more and
-    /// is taken for a stream, one that goes past it untouched (twice) writes every other page
-    /// or fewer. Such a stream, or one missing 5 times in a row at one stride, has its way
-    /// ahead (256 MiB at least) handed back to the kernel, so that its memory stays as resident as
+    /// the fault's; a writer of every page faults there once more and is taken for a stream,
+    /// one that goes past it untouched (twice) writes every other page or fewer. Such a stream,
+    /// or one missing 5 times in a row at one stride (or going down), has its way ahead (256
+    /// MiB at least) handed back to the kernel, so that its memory stays as resident as
     /// natively. `off`: first windows whole, no sparse streams (a strided first touch then
     /// fills pages it never writes).
     probe: Bool = "on",

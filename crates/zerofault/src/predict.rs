@@ -39,24 +39,11 @@
 //! it gets the same window again with a probe of its own, and passing that one too makes the
 //! fault [`Outcome::Sparse`]. A stream opened by a miss needs no probe: its window is the
 //! fault's page alone, and a fault on the next page is the proof. Misses in a row at one
-//! stride are sparse too, from the [`SPARSE_MISSES`]th (a stride past the window). The handler
-//! gives a sparse stream's way ahead back to the kernel (`handback.rs`), which faults only what
-//! the program touches, at native speed.
-//!
-//! ## Streams going down (issue 29: a stack, a reverse fill)
-//! A thread whose faults make [`DOWN_AFTER`] new lows in a row, each at most a stack frame
-//! ([`DESCENT_PAGES`]) below the last, opens a stream going down: its windows end at the
-//! fault's page and grow below it, by the same orders as a stream going up, and its first one
-//! leaves out the page below the fault as its probe (a sparse descent is found as a sparse
-//! ascent is, and its way down goes back to the kernel). A fault just above the low is a
-//! frame's top (frames write their bottom first): one page, the stream goes on. Big windows
-//! start one page past a PMD boundary, so that the PMD below stays free of page tables for a
-//! huge page. The handler installs such a window from its lowest run up, the fault's page
-//! last (`fault/install.rs`), serves it only from ready pages (copied, a stack's pages cost
-//! more than the kernel's faults: with the pool short its way down goes back to the kernel),
-//! and opens no window ahead for it. Before, each fault of a descent missed, and the stack went
-//! back to the kernel at its fifth new low: `t_stackm` ran 1.05-1.1x native, now 0.8x
-//! (docs/DESIGN.md, "Streams going down").
+//! stride are sparse too, from the [`SPARSE_MISSES`]th (a stride past the window), and so is a
+//! stream going down, a stack, from its [`SPARSE_MISSES`]th new low (windows go up: each of
+//! its faults misses, and a round trip a page is ten native faults). The handler gives a sparse stream's
+//! way ahead back to the kernel (`handback.rs`), which faults only what the program touches,
+//! at native speed.
 //!
 
 use crate::page::PMD_PAGES;
@@ -107,19 +94,12 @@ pub(crate) struct Window {
     /// For [`Outcome::Sparse`], the stream's stride in pages (negative downwards; 2 for a
     /// stream past its probes, whose stride is only known to be 2 or more).
     pub stride: i64,
-    /// The stream goes down (a stack, a reverse fill): the fault's page is the window's last,
-    /// `first` the lowest page.
-    pub down: bool,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Stream {
     live: bool,
-    /// The page its next fault is expected at: the first of its next window going up, the
-    /// last going down.
     next: u64,
-    /// It goes down: its windows end at their fault and grow below it.
-    down: bool,
     order: u8,
     last_use: u64,
     /// Pages installed since the stream began.
@@ -164,21 +144,6 @@ const _: () = assert!(SPARSE_MISSES as usize == STREAMS + 1);
 
 /// A window this small has no probe: a fault on its next page costs as much as the window.
 const PROBE_MIN_PAGES: u64 = 4;
-
-/// New lows in a row (each at most [`DESCENT_PAGES`] below the last) that open a stream going
-/// down: its windows end at the fault and grow below it.
-const DOWN_AFTER: u32 = 2;
-
-impl Stream {
-    /// Whether a fault on `page` lands where this stream's next window would go.
-    fn expects(&self, page: u64) -> bool {
-        let reach = 1u64 << self.order;
-        match self.down {
-            false => page >= self.next && page - self.next < reach,
-            true => page <= self.next && self.next - page < reach,
-        }
-    }
-}
 
 impl Predictor {
     #[cfg(test)]
@@ -246,51 +211,64 @@ impl Predictor {
         if let Some(w) = self.probed(page) {
             return w;
         }
-        let hit = self.streams.iter().position(|s| s.live && s.expects(page));
+        let hit = self
+            .streams
+            .iter()
+            .position(|s| s.live && page >= s.next && page - s.next < 1u64 << s.order);
         let mut reprobe = false;
         if let Some(i) = hit {
             match self.passed_probe(i, f.installed) {
                 Passed::No => {}
                 Passed::Once => reprobe = true,
                 // Known only to skip pages: the least of strides, the least of reaches.
-                Passed::Twice => {
-                    let stride = if self.streams[i].down { -2 } else { 2 };
-                    return self.sparse(i, page, stride);
-                }
+                Passed::Twice => return self.sparse(i, page, 2),
             }
         }
         if hit.is_some() || !self.streams.iter().any(|s| s.live) {
             // Only misses in a row keep a stride: a stream of short runs is no sparse one.
             (self.stride, self.run) = (0, 0);
         }
-        let (slot, order, outcome, down) = match hit {
+        let (slot, order, outcome) = match hit {
             Some(i) => {
                 // Past one probe untouched: the same window again, with a probe of its own.
                 let step = if reprobe { 0 } else { t.order_step };
                 let grown = (self.streams[i].order + step).max(t.start_order);
-                (i, grown.min(t.max_order), Outcome::Hit, self.streams[i].down)
+                (i, grown.min(t.max_order), Outcome::Hit)
             }
-            None => match self.open(page, last, &f, t) {
-                Ok(opened) => opened,
-                Err(sparse) => return sparse,
-            },
+            None => {
+                let first = !self.streams.iter().any(|s| s.live);
+                // The least recently used (or an unused) slot opens the new stream.
+                let i = (0..STREAMS)
+                    .min_by_key(|&i| (self.streams[i].live, self.streams[i].last_use))
+                    .unwrap_or(0);
+                if first {
+                    (i, t.start_order.min(t.max_order), Outcome::Start)
+                } else {
+                    if let Some(w) = f.probing.then(|| self.strided(i, page, last)).flatten() {
+                        return w;
+                    }
+                    if f.probing && self.descents >= SPARSE_MISSES {
+                        return self.sparse(i, page, -1);
+                    }
+                    (i, 0, Outcome::Miss)
+                }
+            }
         };
-        let (first, pages) = match down {
-            false => Self::window_up(page, order, &f),
-            true => Self::window_down(page, order, &f),
-        };
+        let mut pages = 1u64 << order;
+        if let Some(phase) = f.phase.filter(|_| pages >= PMD_PAGES) {
+            let to = (phase + page + pages + 1).next_multiple_of(PMD_PAGES) - 1 - phase;
+            pages = to - page;
+        }
+        let pages = pages.min(f.end - page);
         let (streak, passed) = match outcome {
             Outcome::Hit => (self.streams[slot].streak, self.streams[slot].passed),
             _ => (0, false),
         };
         let probing = outcome == Outcome::Start || reprobe;
-        let beside = if down { page.checked_sub(1) } else { Some(page + 1) };
-        let probe = beside.filter(|_| probing && f.probing && pages >= PROBE_MIN_PAGES);
+        let probe = (probing && f.probing && pages >= PROBE_MIN_PAGES).then_some(page + 1);
         self.streams[slot] = Stream {
-            // Down to the range's first page: nowhere further to go.
-            live: !down || first > 0,
-            next: if down { first.saturating_sub(1) } else { page + pages },
-            down,
+            live: true,
+            next: page + pages,
             order,
             last_use: self.clock,
             streak: streak + pages,
@@ -298,72 +276,14 @@ impl Predictor {
             passed,
         };
         Window {
-            first,
+            first: page,
             pages,
             order,
             outcome,
             streak,
             probe,
             stride: 0,
-            down,
         }
-    }
-
-    /// A fault no stream expected, at `page` (`last`: the thread's fault before): the slot,
-    /// order, outcome and direction of the stream it opens, or the window of a sparse stream.
-    fn open(
-        &mut self,
-        page: u64,
-        last: Option<u64>,
-        f: &Fault<'_>,
-        t: &Tuning,
-    ) -> Result<(usize, u8, Outcome, bool), Window> {
-        let first = !self.streams.iter().any(|s| s.live);
-        // The least recently used (or an unused) slot opens the new stream.
-        let i = (0..STREAMS)
-            .min_by_key(|&i| (self.streams[i].live, self.streams[i].last_use))
-            .unwrap_or(0);
-        if first {
-            return Ok((i, t.start_order.min(t.max_order), Outcome::Start, false));
-        }
-        if let Some(w) = f.probing.then(|| self.strided(i, page, last)).flatten() {
-            return Err(w);
-        }
-        if self.descents >= DOWN_AFTER && self.low == Some(page) {
-            // A descent, at a new low: a stream going down starts here, probed as one going
-            // up. (Above the low is a frame's top: one page.)
-            return Ok((i, t.start_order.min(t.max_order), Outcome::Start, true));
-        }
-        Ok((i, 0, Outcome::Miss, false))
-    }
-
-    /// A window going up from `page`: `2^order` pages; with a phase, one of a PMD or more is
-    /// stretched to end one page short of a PMD boundary (see [`Predictor::on_fault_aligned`]).
-    fn window_up(page: u64, order: u8, f: &Fault<'_>) -> (u64, u64) {
-        let mut pages = 1u64 << order;
-        if let Some(phase) = f.phase.filter(|_| pages >= PMD_PAGES) {
-            let to = (phase + page + pages + 1).next_multiple_of(PMD_PAGES) - 1 - phase;
-            pages = to - page;
-        }
-        (page, pages.min(f.end - page))
-    }
-
-    /// A window going down to `page`, its last page: `2^order` pages, not below the range's
-    /// first; with a phase, one of a PMD or more is stretched down to start one page past a
-    /// PMD boundary. The next fault going down then lands on the first page of a PMD, which
-    /// has its page table already (this window's pages), and the PMD below it stays whole,
-    /// free of tables, ready for a huge page: the mirror of a window going up.
-    fn window_down(page: u64, order: u8, f: &Fault<'_>) -> (u64, u64) {
-        let pages = (1u64 << order).min(page + 1);
-        let mut first = page + 1 - pages;
-        if let Some(phase) = f.phase.filter(|_| pages >= PMD_PAGES) {
-            let at = phase + first;
-            let boundary = at.saturating_sub(1) / PMD_PAGES * PMD_PAGES + 1;
-            if at >= 1 && boundary >= phase {
-                first = boundary - phase;
-            }
-        }
-        (first, page + 1 - first)
     }
 
     /// A fault on a stream's probe: the stream is dense from now on.
@@ -380,7 +300,6 @@ impl Predictor {
             streak: s.streak,
             probe: None,
             stride: 0,
-            down: false,
         })
     }
 
@@ -392,9 +311,7 @@ impl Predictor {
         let Some(probe) = s.probe.take() else {
             return Passed::No;
         };
-        // Not passed yet: the stream's next fault is still short of it, either way.
-        let short = if s.down { s.next >= probe } else { s.next <= probe };
-        if installed(probe) || short {
+        if installed(probe) || s.next <= probe {
             return Passed::No;
         }
         if std::mem::replace(&mut s.passed, true) {
@@ -441,7 +358,6 @@ impl Predictor {
         self.streams[i] = Stream {
             live: true,
             next: page + 1,
-            down: false,
             order: 0,
             last_use: self.clock,
             streak: 0,
@@ -456,7 +372,6 @@ impl Predictor {
             streak: 0,
             probe: None,
             stride,
-            down: false,
         }
     }
 }
@@ -486,27 +401,9 @@ impl Predictor {
     /// The window just returned was installed up to `end` (widened to whole huge pages): the
     /// stream expects its next fault there.
     pub(crate) fn installed_to(&mut self, end: u64) {
-        if let Some(s) = self
-            .streams
-            .iter_mut()
-            .find(|s| s.live && s.last_use == self.clock && !s.down)
-        {
+        if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
             s.streak += end.saturating_sub(s.next);
             s.next = s.next.max(end);
-        }
-    }
-
-    /// The window just returned, going down, was installed from `first` (widened to whole
-    /// huge pages): the stream expects its next fault on the page below.
-    pub(crate) fn installed_from(&mut self, first: u64) {
-        if let Some(s) = self
-            .streams
-            .iter_mut()
-            .find(|s| s.live && s.last_use == self.clock && s.down)
-        {
-            s.streak += (s.next + 1).saturating_sub(first);
-            s.next = s.next.min(first.saturating_sub(1));
-            s.live = first > 0;
         }
     }
 
@@ -854,8 +751,7 @@ mod tests {
 
     #[test]
     fn misses_in_a_row_at_one_stride_are_sparse_up_or_down() {
-        // Down by more than a stack frame at a time (down by less is a stream going down).
-        for (start, stride) in [(0u64, 64i64), (0, 4096), (50_000, -65), (50_000, -700)] {
+        for (start, stride) in [(0u64, 64i64), (0, 4096), (50_000, -1), (50_000, -3), (50_000, -700)] {
             let mut p = Predictor::new();
             let at = |k: i64| start.checked_add_signed(k * stride).unwrap();
             assert_eq!(probing(&mut p, at(0)).outcome, Outcome::Start);
@@ -882,103 +778,32 @@ mod tests {
         }
     }
 
-    /// The program touches `pages` in order; a page not installed yet faults, and its window
-    /// (less its probe) is installed. Returns each fault's window.
-    fn touch_all(p: &mut Predictor, pages: impl IntoIterator<Item = u64>, phase: Option<u64>) -> Vec<Window> {
-        let mut installed = std::collections::HashSet::new();
-        let mut windows = vec![];
-        for page in pages {
-            if installed.contains(&page) {
-                continue;
-            }
-            let has = installed.clone();
-            let fault = Fault {
-                page,
-                end: 1 << 20,
-                phase,
-                probing: true,
-                installed: &|q| has.contains(&q),
-            };
-            let w = p.on_fault_at(fault, &T);
-            installed.extend((w.first..w.first + w.pages).filter(|q| Some(*q) != w.probe));
-            installed.insert(page);
-            windows.push(w);
-        }
-        windows
-    }
-
     #[test]
-    fn a_stack_going_down_gets_windows_going_down_though_its_frames_touch_upwards() {
-        // Each frame writes its bottom page, then the top of the frame in the page above.
-        let top = 100_000u64;
-        let frames = (0..1800u64).flat_map(|k| [top - 2 * k, top - 2 * k + 1]);
+    fn a_stack_going_down_is_sparse_though_its_frames_touch_upwards() {
+        // Each frame writes its bottom page, then the top of the frame in the page above:
+        // misses down, and now and then a hit on the page above the last miss.
         let mut p = Predictor::new();
-        let w = touch_all(&mut p, frames, None);
-        let downs: Vec<&Window> = w.iter().filter(|w| w.down).collect();
-        // New lows in a row, then a stream going down: its first window ends at the fault
-        // and leaves out the page below it, which the next frame proves; then it grows.
-        let start = w.iter().position(|w| w.down).unwrap();
-        let d = w[start];
-        assert_eq!(
-            (d.outcome, d.pages, d.probe),
-            (Outcome::Start, 16, Some(d.first + 14)),
-            "{w:?}"
-        );
-        assert!(start <= 4, "{w:?}");
-        // (The frame's top above the fault, one page, may come first.)
-        assert!(
-            w[start + 1..start + 3].iter().any(|w| w.outcome == Outcome::Probe),
-            "{w:?}"
-        );
-        let orders: Vec<u8> = downs
-            .iter()
-            .filter(|w| w.outcome == Outcome::Hit)
-            .map(|w| w.order)
-            .collect();
-        assert_eq!(orders[..4], [6, 8, 10, 11], "{w:?}");
-        assert!(!w.iter().any(|w| w.outcome == Outcome::Sparse), "{w:?}");
-        // 3600 pages down in a dozen faults, each window ending where the last began.
-        assert!(w.len() <= 12, "{} faults: {w:?}", w.len());
-        for pair in downs.windows(2).filter(|d| d[1].outcome == Outcome::Hit) {
-            assert_eq!(pair[1].first + pair[1].pages, pair[0].first, "{pair:?}");
+        let mut page = 10_000u64;
+        let mut seen = vec![probing(&mut p, page).outcome];
+        while !seen.contains(&Outcome::Sparse) && seen.len() < 40 {
+            page -= 1;
+            let w = probing(&mut p, page);
+            seen.push(w.outcome);
+            if w.outcome == Outcome::Miss && page % 2 == 0 {
+                seen.push(probing(&mut p, page + 1).outcome);
+            }
         }
+        assert!(
+            seen.contains(&Outcome::Hit) && seen.contains(&Outcome::Sparse),
+            "{seen:?}"
+        );
+        assert!(seen.len() <= 10, "{seen:?}");
         // A writer going up, or hopping down farther than a frame, is no descent.
         let mut p = Predictor::new();
         for k in 0..8u64 {
-            assert!(!probing(&mut p, 100_000 - k * 1000).down, "{k}");
-            assert!(!probing(&mut p, 100_000 - k * 1000 + 5).down, "{k}");
+            assert_ne!(probing(&mut p, 100_000 - k * 1000).outcome, Outcome::Sparse, "{k}");
+            assert_ne!(probing(&mut p, 100_000 - k * 1000 + 5).outcome, Outcome::Sparse, "{k}");
         }
-    }
-
-    #[test]
-    fn a_descent_that_skips_pages_is_sparse_going_down() {
-        // Every third page, down: past two probes untouched, then sparse, downwards.
-        let mut p = Predictor::new();
-        let w = touch_all(&mut p, (0..200u64).map(|k| 50_000 - 3 * k), None);
-        // (The handler gives the way below back to the kernel then: no faults after it.)
-        let at = w.iter().position(|w| w.outcome == Outcome::Sparse).expect("sparse");
-        assert_eq!(w[at].stride, -2, "{w:?}");
-        assert!(at <= 5, "{w:?}");
-        // The windows before it were probed ones of 16 pages: what a sparse writer was given
-        // and did not touch is small.
-        assert!(w[..at].iter().all(|w| w.pages <= 16), "{w:?}");
-    }
-
-    #[test]
-    fn a_window_going_down_of_a_pmd_or_more_starts_one_page_past_a_pmd_boundary() {
-        let phase = 100;
-        let top = 20 * PMD_PAGES;
-        let mut p = Predictor::new();
-        let w = touch_all(&mut p, (0..6000u64).map(|k| top - k), Some(phase));
-        for w in w.iter().filter(|w| w.down && w.pages >= PMD_PAGES) {
-            assert_eq!((phase + w.first) % PMD_PAGES, 1, "{w:?}");
-        }
-        assert!(w.iter().any(|w| w.down && w.pages >= PMD_PAGES), "{w:?}");
-        // Down to the range's first page, and no further.
-        let mut p = Predictor::new();
-        let w = touch_all(&mut p, (0..=40u64).rev(), None);
-        assert_eq!(w.last().unwrap().first, 0, "{w:?}");
-        assert!(w.iter().filter(|w| w.down).all(|w| w.first + w.pages <= 41), "{w:?}");
     }
 
     #[test]

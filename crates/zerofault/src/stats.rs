@@ -129,9 +129,6 @@ counters! {
     predict_misses,
     /// Faults on the page a new stream's first window left out (the stream writes densely).
     predict_probes,
-    /// Windows of streams going down (a stack, a reverse fill): they end at their fault and
-    /// grow below it.
-    windows_down,
     /// Streams found sparse (past their probe untouched, or misses at one stride): their way
     /// ahead went back to the kernel.
     sparse_streams,

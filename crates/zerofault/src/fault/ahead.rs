@@ -120,11 +120,6 @@ impl<K: Kernel> Handler<'_, K> {
         }
     }
 
-    /// Pages ready in the home pool's rings, 4 KiB and huge (0 where pages are not moved).
-    pub(crate) fn pool_pages(&self) -> u64 {
-        self.home_pool().filter(|_| self.can_move).map_or(0, |p| p.available())
-    }
-
     /// A huge page can be had without waiting long: one is ready in the huge ring, or the
     /// handler may make its own (its staging is not resting after a slow one).
     fn huge_ready(&self) -> bool {

@@ -353,9 +353,6 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// The fault being served is a read served as a write (reads.rs): where moving is
     /// refused, or the pool paused, the zero page instead of a copy.
     pub(crate) reading: bool,
-    /// The window being installed goes down (predict.rs): its fault's page is its last, so its
-    /// pieces go in from the first to the last (install_write).
-    pub(crate) downward: bool,
     /// The sample pages of the read window being served (reads.rs; 0: none).
     pub(crate) samples: [usize; 2],
 }
@@ -414,7 +411,6 @@ impl<'a, K: Kernel> Handler<'a, K> {
             rung: false,
             fatal: None,
             reading: false,
-            downward: false,
             samples: [0; 2],
         }
     }

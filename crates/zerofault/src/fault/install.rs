@@ -42,12 +42,8 @@ impl<K: Kernel> Handler<'_, K> {
         }
         let mut woken = false;
         let mut cut: Option<usize> = None;
-        // The run of the fault's page last, for the reason install_write gives: last run
-        // first going up, first run first going down (the fault's page ends the window).
-        self.downward = w.down;
-        let n_runs = runs.len();
-        for k in 0..n_runs {
-            let (first, n) = if w.down { runs[k] } else { runs[n_runs - 1 - k] };
+        // Last run first, for the reason install_write gives.
+        for &(first, n) in runs.iter().rev() {
             let dst = range.addr_of(first);
             let len = bytes(n);
             let done = self.install_run(dst, len, w.write, range);
@@ -82,7 +78,6 @@ impl<K: Kernel> Handler<'_, K> {
             }
         }
         self.runs = runs;
-        self.downward = false;
         if !woken {
             self.wake(page_addr);
         }
@@ -241,12 +236,11 @@ impl<K: Kernel> Handler<'_, K> {
     /// huge pages ([`Self::install_huge`]); everything else gets 4 KiB pages
     /// ([`Self::install_small`]), and its PMDs are marked as holding a page table.
     ///
-    /// The pieces go in from the last to the first (from the first to the last for a window
-    /// going down, [`Handler::downward`]). The faulting page is in the first one (the last),
-    /// and an install wakes the thread waiting there: woken early, it would run on into the
-    /// pieces not yet installed and fault there, and its fault gives that PMD a page table,
-    /// which splits the huge page moved into it next (~1 ms). If a piece stops, the whole span
-    /// is reported stopped at its start: pages already installed only leave stale bits behind,
+    /// The pieces go in from the last to the first. The faulting page is in the first one, and
+    /// an install wakes the thread waiting there: woken early, it would run on into the pieces
+    /// not yet installed and fault there, and its fault gives that PMD a page table, which
+    /// splits the huge page moved into it next (~1 ms). If a piece stops, the whole span is
+    /// reported stopped at its start: pages already installed only leave stale bits behind,
     /// which cost an EEXIST later, never a hang.
     pub(crate) fn install_write(&mut self, dst: usize, len: usize, range: Option<&Range>) -> Filled {
         if self.shared.pool_paused.load(Relaxed) {
@@ -274,13 +268,7 @@ impl<K: Kernel> Handler<'_, K> {
             off += n;
         }
         let mut filled = Ok(());
-        let count = pieces.len();
-        for k in 0..count {
-            let (at, n, huge) = if self.downward {
-                pieces[k]
-            } else {
-                pieces[count - 1 - k]
-            };
+        for &(at, n, huge) in pieces.iter().rev() {
             let piece = match (range, huge) {
                 (Some(r), true) => self.install_huge(at, n, r),
                 (r, _) => {

@@ -26,8 +26,6 @@ pub(crate) struct Located {
     pub(crate) clock: u64,
     /// A page of `[first, end)` left out: a new stream's probe (see predict.rs).
     pub(crate) probe: Option<u64>,
-    /// The stream goes down: the fault's page is the window's last (see predict.rs).
-    pub(crate) down: bool,
 }
 
 impl<K: Kernel> Handler<'_, K> {
@@ -180,14 +178,10 @@ impl<K: Kernel> Handler<'_, K> {
             let pmd = |p: u64| range.page_of(pmd_start(range.addr_of(p)));
             first = first.min(pmd(page));
             end = (pmd(end - 1) + PMD_PAGES).min(range.pages);
-            match w.down {
-                false => predictor.installed_to(end),
-                true => predictor.installed_from(first),
-            }
+            predictor.installed_to(end);
         }
         let mut ahead = None;
-        // Windows ahead go up: a stream going down has none.
-        let confirmed = w.outcome == Outcome::Hit && w.order >= tuning.max_order && !w.down;
+        let confirmed = w.outcome == Outcome::Hit && w.order >= tuning.max_order;
         if confirmed && ahead_mode != AheadMode::Off {
             // A writer's windows ahead are whole PMDs, huge pages where the program lets them
             // be: the huge ring is worth filling.
@@ -260,18 +254,6 @@ impl<K: Kernel> Handler<'_, K> {
             shared.sparse_run.store(0, Relaxed);
         }
         let handing_back = self.opts.handback_misses > 0;
-        // A stream going down is worth serving only from ready pages: copied, its pages cost
-        // more than the kernel's faults (measured on t_stackm), so with the pool short its way
-        // down goes back to the kernel, as a sparse one's does; the scrub fills the pool for
-        // the next one.
-        let short = w.down && w.outcome != Outcome::Probe && self.pool_pages() < end - first;
-        if short && handing_back {
-            self.want_pool();
-            if self.hand_back_dense(range, page, -1) {
-                self.wake(page_addr);
-                return None;
-            }
-        }
         if w.outcome == Outcome::Sparse && handing_back && self.hand_back_sparse(range, page, w.stride) {
             // The stream's way ahead, the faulting page with it, went back to the kernel.
             self.wake(page_addr);
@@ -314,9 +296,6 @@ impl<K: Kernel> Handler<'_, K> {
             return None;
         }
         Stats::add(&stats.window_order[w.order as usize], 1);
-        if w.down {
-            Stats::add(&stats.windows_down, 1);
-        }
         Some(Located {
             first,
             end,
@@ -325,7 +304,6 @@ impl<K: Kernel> Handler<'_, K> {
             ahead,
             clock,
             probe: w.probe.filter(|p| (first..end).contains(p)),
-            down: w.down,
         })
     }
 }

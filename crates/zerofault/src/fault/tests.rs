@@ -278,63 +278,6 @@ fn a_new_streams_window_leaves_its_probe_out_and_a_dense_writer_fills_it() {
     assert_eq!((st.predict_probes, st.sparse_streams, st.handbacks), (1, 0, 0));
 }
 
-/// A stack, written down page by page: windows going down, each installed from its lowest
-/// page up so that its fault's page goes in last (the thread, woken, runs on down into pages
-/// already there); a few faults for thousands of pages, none given back.
-#[test]
-fn a_stream_going_down_gets_windows_going_down_with_its_fault_installed_last() {
-    // Pages ready for every window: a stream going down is served only from the pool.
-    let s = probing_state(1 << 18, 4096);
-    let k = Fake::new();
-    let mut h = Handler::new(&s, &k);
-    let top = 200_000u64;
-    let claimed = |p: u64| {
-        let r = s.ranges.find(page(p)).unwrap();
-        r.map.is_claimed(r.page_of(page(p)))
-    };
-    let mut faults = 0;
-    for p in (top - 3000..=top).rev() {
-        if !claimed(p) {
-            let before = k.calls().len();
-            h.fault(page(p), true, 7);
-            faults += 1;
-            let calls = k.calls();
-            let (_, dst, len) = calls.last().copied().unwrap();
-            if calls.len() > before + 1 && s.stats.snapshot().windows_down > 0 {
-                // Several installs: the last one is the fault's page, at the window's top.
-                assert_eq!(dst + len, page(p) + PAGE_SIZE, "fault {faults} at {p}: {calls:?}");
-            }
-        }
-    }
-    let st = s.stats.snapshot();
-    assert!(faults <= 12, "{faults} faults: {st:?}");
-    assert!(st.windows_down >= 5, "{st:?}");
-    assert!(k.unregistered.borrow().is_empty());
-    assert!((top - 3000..=top).all(claimed));
-}
-
-/// With the pool short, a stream going down goes back to the kernel below its fault (copied,
-/// a stack's pages cost more than the kernel's faults), and the scrub is asked to fill the
-/// pool; the mapping does not count as sparse.
-#[test]
-fn a_stream_going_down_with_the_pool_short_goes_back_to_the_kernel() {
-    let s = probing_state(1 << 18, 8);
-    let k = Fake::new();
-    let mut h = Handler::new(&s, &k);
-    let top = 200_000u64;
-    for p in (top - 3..=top).rev() {
-        if k.unregistered.borrow().is_empty() {
-            h.fault(page(p), true, 7);
-        }
-    }
-    let un = k.unregistered.borrow().clone();
-    assert_eq!(un.len(), 1, "{un:?}");
-    let (at, len) = un[0];
-    assert!(at <= page(top - 3) && page(top - 3) < at + len, "{un:?}");
-    assert_eq!(s.sparse_run.load(Relaxed), 0);
-    assert!(s.streaming.load(Relaxed), "the pool is wanted");
-}
-
 #[test]
 fn a_writer_past_two_probes_gives_its_way_ahead_back_and_faults_natively() {
     let s = probing_state(1 << 18, 256);
@@ -358,27 +301,18 @@ fn a_writer_past_two_probes_gives_its_way_ahead_back_and_faults_natively() {
     // Not one of the range's hand-backs of misses (a second of those gives back the rest).
     assert_eq!(s.ranges.find(page(end)).unwrap().handbacks.load(Relaxed), 0);
 
-    // Down a region, every third page: past two probes going down, what lies below goes back
-    // (in whole PMDs). The program faults only on pages not installed.
+    // Down a region, one page at a time: what lies below goes back (in whole PMDs), at the
+    // sixth fault.
     let s = probing_state(1 << 18, 256);
     let k = Fake::new();
     let mut h = Handler::new(&s, &k);
     let top = 200_000;
-    let claimed = |p: u64| {
-        let r = s.ranges.find(page(p)).unwrap();
-        r.map.is_claimed(r.page_of(page(p)))
-    };
-    let mut last = top;
-    for p in (0..40).map(|i| top - 3 * i) {
-        if k.unregistered.borrow().is_empty() && !claimed(p) {
-            h.fault(page(p), true, 7);
-            last = p;
-        }
+    for p in (top - 5..=top).rev() {
+        h.fault(page(p), true, 7);
     }
-    let (lo, hi) = (last - SPARSE_REACH, last);
+    let (lo, hi) = (top - 5 - SPARSE_REACH, top - 5);
     let (a, b) = (lo / 512 * 512, (hi / 512 + 1) * 512);
     assert_eq!(k.unregistered.borrow().as_slice(), [(page(a), bytes(b - a))]);
-    assert!(s.stats.snapshot().windows_down >= 2, "{:?}", s.stats.snapshot());
 
     // With hand-backs off, a sparse stream is served a page at a time.
     let s = state_with(
