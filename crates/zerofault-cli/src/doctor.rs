@@ -460,16 +460,21 @@ fn thp_check(e: &str, d: &str, pmd: Option<&str>) -> Check {
     ok(NAME, found)
 }
 
-fn mthp() -> Check {
-    const NAME: &str = "mTHP sizes";
-    let mut sizes: Vec<(u64, String)> = std::fs::read_dir(THP)
+/// The entries of directory `dir` as (name, path); none if it cannot be read.
+fn entries(dir: impl AsRef<Path>) -> impl Iterator<Item = (String, PathBuf)> {
+    std::fs::read_dir(dir)
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
+        .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+}
+
+fn mthp() -> Check {
+    const NAME: &str = "mTHP sizes";
+    let mut sizes: Vec<(u64, String)> = entries(THP)
+        .filter_map(|(name, path)| {
             let kb = name.strip_prefix("hugepages-")?.strip_suffix("kB")?.parse().ok()?;
-            let setting = read(e.path().join("enabled"))?;
+            let setting = read(path.join("enabled"))?;
             Some((kb, selected(&setting)?.to_string()))
         })
         .collect();
@@ -492,14 +497,10 @@ fn mthp() -> Check {
 /// VIRTIO_BALLOON_F_REPORTING (feature bit 5: the `features` file is one character per bit).
 fn balloons() -> Vec<(String, bool)> {
     let dir = "/sys/bus/virtio/drivers/virtio_balloon";
-    let mut v: Vec<(String, bool)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let name = e.file_name().to_string_lossy().into_owned();
+    let mut v: Vec<(String, bool)> = entries(dir)
+        .filter_map(|(name, path)| {
             name.starts_with("virtio").then_some(())?;
-            let features = read(e.path().join("features")).unwrap_or_default();
+            let features = read(path.join("features")).unwrap_or_default();
             Some((name, features.as_bytes().get(5) == Some(&b'1')))
         })
         .collect();
@@ -561,13 +562,10 @@ fn page_reporting() -> Check {
 
 fn numa() -> Check {
     const NAME: &str = "NUMA nodes";
-    let mut nodes: Vec<(u32, u64)> = std::fs::read_dir("/sys/devices/system/node")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| {
-            let id = e.file_name().to_str()?.strip_prefix("node")?.parse().ok()?;
-            let meminfo = std::fs::read_to_string(e.path().join("meminfo")).ok()?;
+    let mut nodes: Vec<(u32, u64)> = entries("/sys/devices/system/node")
+        .filter_map(|(name, path)| {
+            let id = name.strip_prefix("node")?.parse().ok()?;
+            let meminfo = std::fs::read_to_string(path.join("meminfo")).ok()?;
             let kb = meminfo.lines().find_map(|l| {
                 let rest = l.split_once("MemTotal:")?.1;
                 rest.trim().trim_end_matches("kB").trim().parse::<u64>().ok()
