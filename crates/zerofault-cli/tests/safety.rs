@@ -433,6 +433,27 @@ fn memory_grown_with_mremap_is_served_in_windows() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Catches a mapping grown with mremap in 64 KiB steps taking a fault round trip per step, or
+/// left to the kernel's faults: each step's new part must be filled in the mremap that made
+/// it, with next to no fault, read zero before the program writes it, and the data stay.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn mremap_growth_in_64_kib_steps_fills_each_new_part_in_the_call() {
+    let dir = temp_dir("mremap-steps");
+    let prog = cc("mremap", &dir, false);
+    let native = go(&mut plain(&prog, &["steps"]));
+    assert_native(&native, "grew 32 MiB to 256 MiB in 3584 steps of 64 KiB: bad=0\n");
+    let shim = go(&mut shimmed(&prog, &[], &["steps"]));
+    assert_same_stdout(&native, &shim);
+    let (fills, faults) = (counter(&shim, "grow_fills"), counter(&shim, "fault_events"));
+    assert!(
+        fills >= 3500 && faults < 100,
+        "grow_fills {fills}, fault_events {faults}:\n{}",
+        stderr(&shim)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // 9. A huge reservation
 

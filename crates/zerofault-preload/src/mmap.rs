@@ -5,7 +5,7 @@
 //! what the engine does afterwards runs under [`Quiet`] (errno kept, signals blocked).
 
 use crate::state::{self, arena, enter, threshold, Quiet};
-use engine::os::mman::{self, PAGE_SIZE, PMD_SIZE};
+use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_int, c_void, off_t, size_t};
 
 /// Whether `flags` make anonymous private memory the engine may serve.
@@ -213,6 +213,9 @@ pub unsafe extern "C" fn mremap(
 ) -> *mut c_void {
     let g = enter();
     let e = g.as_ref().and_then(|_| state::running());
+    if let Some(r) = e.and_then(|e| grow_in_place(e, old, old_len, new_len, flags)) {
+        return r;
+    }
     // Released even where the table knows nothing: a registration the table lost (an unmap
     // event read after another thread mapped the same addresses again; rare, see
     // `unknown_faults`) would otherwise make a move of several VMAs fail with EFAULT. An
@@ -235,19 +238,14 @@ pub unsafe extern "C" fn mremap(
     if let (Some(e), true) = (served, r != libc::MAP_FAILED) {
         let _q = Quiet::new();
         let (kept, grown) = (old_len.next_multiple_of(PAGE_SIZE), new_len.next_multiple_of(PAGE_SIZE));
-        // A mapping grown by less than a PMD at a time (a table grown in steps) goes to the
-        // kernel: taking it back at each step (the release above, a new range here) cost more
-        // than the kernel's faults (64 KiB steps to 256 MiB: 1.3-1.8x native, 2x before the
-        // grown part was filled in the call).
-        let small_step = grown > kept && grown - kept < PMD_SIZE;
-        if !small_step {
-            // SAFETY: memory the program now owns as anonymous private memory at these
-            // addresses; the engine fills missing pages with zeros as the kernel would.
-            let adopted = unsafe { e.adopt(r as usize, grown, false) }.is_ok();
-            // The part a growth added, which the program writes next.
-            if adopted && grown > kept {
-                e.fill_grown(r as usize + kept, grown - kept);
-            }
+        // Taken back whole: a mapping grown in steps that had to move here grows in place
+        // from now on (`grow_in_place`), until it fills the room it moved into.
+        // SAFETY: memory the program now owns as anonymous private memory at these
+        // addresses; the engine fills missing pages with zeros as the kernel would.
+        let adopted = unsafe { e.adopt(r as usize, grown, false) }.is_ok();
+        // The part a growth added, which the program writes next.
+        if adopted && grown > kept {
+            e.fill_grown(r as usize + kept, grown - kept);
         }
         if flags & libc::MREMAP_DONTUNMAP != 0 {
             // SAFETY: as above: the source of a DONTUNMAP move stays mapped, empty.
@@ -255,6 +253,55 @@ pub unsafe extern "C" fn mremap(
         }
     }
     r
+}
+
+/// A growth of a served mapping, tried in place first with the registration kept: the kernel
+/// grows a VMA in place with its flags, so the part added is registered already, and the
+/// engine takes it as a range of its own and fills its start in the call (`Engine::fill_grown`)
+/// with no unregister, no move event and no fault. Returns the result when it grew; `None`
+/// (nothing changed: a failed in-place mremap changes nothing) leaves the call to the general
+/// path, which gives the kernel's own answer: the mapping may be several VMAs here where
+/// natively it is one (growing in place then fails with EFAULT here only), or have no room
+/// after it (ENOMEM, then a move where `MREMAP_MAYMOVE` allows one). Growing in place is what
+/// the kernel does first whenever it can, so the result is the kernel's. Why: docs/DESIGN.md,
+/// "Blocks that grow in small steps".
+fn grow_in_place(
+    e: &engine::Engine,
+    old: *mut c_void,
+    old_len: size_t,
+    new_len: size_t,
+    flags: c_int,
+) -> Option<*mut c_void> {
+    let at = old as usize;
+    let (kept, grown) = (
+        old_len.checked_next_multiple_of(PAGE_SIZE)?,
+        new_len.checked_next_multiple_of(PAGE_SIZE)?,
+    );
+    if flags & !libc::MREMAP_MAYMOVE != 0 || at % PAGE_SIZE != 0 || kept == 0 || grown <= kept {
+        return None;
+    }
+    let _q = Quiet::new();
+    let end = at.checked_add(kept)?;
+    // The whole old span served, and nothing served right after it (which would be another
+    // mapping: in-place growth fails there anyway).
+    if e.range_of(at).is_none() || e.range_of(end - PAGE_SIZE).is_none() || e.serves(end) {
+        return None;
+    }
+    // SAFETY: the caller's mapping, grown in place or left as it was (no flag that moves).
+    let r = unsafe { sys_mremap(old, old_len, new_len, 0, std::ptr::null_mut()) };
+    if r != old {
+        return None;
+    }
+    // SAFETY: the part the kernel just added to the program's mapping, registered with the
+    // VMA; no page there yet.
+    match unsafe { e.adopt_grown(end, grown - kept) } {
+        Ok(()) => {
+            e.fill_grown(end, grown - kept);
+        }
+        // Registered by the kernel but not taken: handed back, the kernel's faults serve it.
+        Err(_) => e.release(end, grown - kept),
+    }
+    Some(r)
 }
 
 /// mlockall(2). `MCL_CURRENT` would lock and populate every mapping, the engine's pool and

@@ -666,6 +666,28 @@ impl Engine {
         unsafe { self.shared.register_range(addr, len, None, fresh) }.map_err(EngineError::Register)
     }
 
+    /// Serves `[addr, addr + len)`, which the kernel registered itself: the part a served
+    /// mapping grew by in place (`mremap` grows the VMA with its flags, the registration among
+    /// them). Recorded only, with no `UFFDIO_REGISTER`, which would take the address space's
+    /// lock for writing and wait for the scrub's populate of a whole PMD. Were the part not
+    /// registered after all, its faults would stay the kernel's and installs there would fail
+    /// and be let go, as on memory gone.
+    ///
+    /// # Safety
+    /// As [`Engine::adopt`], and `[addr, addr + len)` is registered with the engine's
+    /// userfaultfd (no page there yet).
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes the registration lock.
+    pub unsafe fn adopt_grown(&self, addr: usize, len: usize) -> Result<(), EngineError> {
+        if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
+            return Err(EngineError::Unaligned { addr, len });
+        }
+        let _reg = self.shared.reg_lock();
+        self.shared.ranges.insert(addr, pages(len), None);
+        Ok(())
+    }
+
     /// Hands `[addr, addr + len)` back to the kernel: unregistered and forgotten. Pages already
     /// there stay. For callers that must see the program's mappings as they would be without
     /// the engine (registration splits VMAs).

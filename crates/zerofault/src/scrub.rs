@@ -684,26 +684,39 @@ fn shrink(shared: &Shared, pool: &Pool, keep: u64) {
     }
 }
 
-/// How long the fault handler must have read no fault for the program to count as quiet.
+/// How long the fault handler must have read no fault (and the program grown no block) for
+/// the program to count as quiet.
 const QUIET: Duration = Duration::from_millis(1);
 
 /// Waits, before a refill step, while the program is faulting (a fault read within [`QUIET`])
 /// and the pool still holds more than `reserve` pages (one largest window): populating then
 /// competes with the faulting program for the CPU and the memory bus (measured with the
 /// shim's burst program: a burst that overlapped refills took 2-3 ms longer, of 2), and a
-/// program that frees what it touched brings the pages back anyway. Returns false when the
-/// engine is stopping.
+/// program that frees what it touched brings the pages back anyway.
+///
+/// And while the program grows blocks (`grow_fills` within [`QUIET`]), however empty the
+/// pool: a populate holds the address space's lock for a whole PMD, and each `mremap` or
+/// `mprotect` that grows a block waits for it (docs/DESIGN.md, "Blocks that grow in small
+/// steps"). Growth takes no pool page, so the pool waits until it pauses. Returns false when
+/// the engine is stopping.
 fn wait_for_quiet(shared: &Shared, pool: &Pool, reserve: u64) -> bool {
+    let stats = &shared.stats;
+    let mut growing = false;
     loop {
         if stopping(shared) {
             return false;
         }
-        if pool.available() <= reserve {
+        if !growing && pool.available() <= reserve {
             return true;
         }
-        let seen = shared.stats.fault_events.load(Relaxed);
+        let seen = (stats.fault_events.load(Relaxed), stats.grow_fills.load(Relaxed));
         std::thread::sleep(QUIET);
-        if shared.stats.fault_events.load(Relaxed) == seen {
+        let now = (stats.fault_events.load(Relaxed), stats.grow_fills.load(Relaxed));
+        growing = now.1 != seen.1;
+        if growing {
+            Stats::add(&stats.scrub_grow_waits, 1);
+        }
+        if now == seen {
             return true;
         }
     }

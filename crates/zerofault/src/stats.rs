@@ -284,6 +284,9 @@ counters! {
     /// Times the scrub found no CPU to itself (it waited to run more than a quarter of the
     /// time it ran) and rested instead of working.
     scrub_rests,
+    /// Times (1 ms each) the scrub put its refill off because the program was growing blocks
+    /// (`grow_fills`): a populate would make each growth's `mremap` or `mprotect` wait.
+    scrub_grow_waits,
     /// Times the scrub put a step off because other processes' scrubs held the CPUs the
     /// machine-wide state allows scrubs (`crate::machine`).
     scrub_machine_waits,

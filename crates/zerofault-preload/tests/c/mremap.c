@@ -7,6 +7,9 @@
  *   mremap dontunmap [MIB OFF]  the same with MREMAP_DONTUNMAP: the old range stays, reading zero
  *   mremap grow                 writes 64 MiB, grows it to 512 MiB with MREMAP_MAYMOVE, then
  *                               writes the grown part, which must read zero first
+ *   mremap steps                maps 32 MiB and writes it, then grows it to 256 MiB in 64 KiB
+ *                               steps with MREMAP_MAYMOVE (a table grown as it fills), each new
+ *                               part read (zero) and written, a sample of the old checked
  *
  * Prints the outcome and, for the moves, how many samples (one per 64 bytes) hold the data at
  * the destination and read zero at the old range. /proc/self/maps around the mapping goes to
@@ -79,15 +82,42 @@ static int grow(void) {
     return bad ? 1 : 0;
 }
 
+static int steps(void) {
+    size_t len = 32 * MB, max = 256 * MB, step = 64 << 10;
+    long bad = 0, n = 0, moves = 0;
+    unsigned char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return 2;
+    for (size_t i = 0; i < len; i += 64) p[i] = pat(i);
+    while (len < max) {
+        unsigned char *q = mremap(p, len, len + step, MREMAP_MAYMOVE);
+        if (q == MAP_FAILED) { printf("mremap to %zu -> %s\n", len + step, strerror(errno)); return 1; }
+        moves += q != p;
+        p = q;
+        for (size_t i = len; i < len + step; i += 64) {
+            bad += p[i] != 0;
+            p[i] = pat(i);
+        }
+        for (size_t k = 1; k <= 8; k++) bad += p[len / 9 * k / 64 * 64] != pat(len / 9 * k / 64 * 64);
+        len += step;
+        n++;
+    }
+    fprintf(stderr, "moved %ld times\n", moves);
+    for (size_t i = 0; i < len; i += 64) bad += p[i] != pat(i);
+    printf("grew 32 MiB to %zu MiB in %ld steps of 64 KiB: bad=%ld\n", len / MB, n, bad);
+    munmap(p, len);
+    return bad ? 1 : 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (argc == 2 && !strcmp(argv[1], "grow")) return grow();
+    if (argc == 2 && !strcmp(argv[1], "steps")) return steps();
     if ((argc == 2 || argc == 4) && (!strcmp(argv[1], "fixed") || !strcmp(argv[1], "dontunmap"))) {
         size_t len = argc == 4 ? strtoul(argv[2], NULL, 10) * MB : 4 * MB;
         size_t off = argc == 4 ? strtoul(argv[3], NULL, 10) * MB : MB;
         if (off + MB > len) return 2;
         return move(!strcmp(argv[1], "dontunmap"), len, off);
     }
-    fprintf(stderr, "usage: mremap fixed|dontunmap [MIB OFF] | mremap grow\n");
+    fprintf(stderr, "usage: mremap fixed|dontunmap [MIB OFF] | mremap grow | mremap steps\n");
     return 2;
 }
