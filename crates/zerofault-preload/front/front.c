@@ -2,8 +2,8 @@
  *
  * Loaded into every process started under the shim, most of which never make a large request
  * (a build runs a thousand of them: make, sh, cc, git). Loading the whole shim (the Rust engine
- * and its std, about 400 KiB of code and a thousand relocations) costs such a process about
- * 0.15 ms here, a quarter of a `/bin/true`. This file is all that is loaded up front: the
+ * and its std, about 400 KiB of code and a thousand relocations) costs such a process a good
+ * part of a `/bin/true` (docs/DESIGN.md, "The shim's front"). This file is all that is loaded up front: the
  * interposed symbols, each passing its call on to the next definition (glibc, or an allocator
  * preloaded after us), until the first large request. That request dlopen()s the shim proper
  * (libzerofault_shim.so, beside this file) and every call goes to it from then on.

@@ -261,7 +261,8 @@ impl Arena {
         let len = len.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
         let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_NONE, true)?;
         // 4 KiB pages: the engine moves whole huge pages into whole PMDs of its windows itself,
-        // and the kernel's own huge-page attempt on each fault would be wasted (~78 µs).
+        // and the kernel's own huge-page attempt on each fault would be wasted (docs/DESIGN.md,
+        // "Huge pages").
         // SAFETY: our fresh reservation; advice changes no content.
         let _ = unsafe { mman::madvise(base, len, mman::MADV_NOHUGEPAGE) };
         let pages = len / PAGE_SIZE;

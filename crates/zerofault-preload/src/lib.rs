@@ -8,8 +8,8 @@
 //! passes each call to the next definition until the process's first large request, then
 //! dlopen()s this library beside it and calls `zerofault_shim_init` (state.rs); every call goes
 //! here from then on. Most processes (a build's thousand `sh`, `cc`, `git`) never make one and
-//! never load this library: loading it costs about 0.15 ms, the front 0.04 ms. Dlopen()ed, this
-//! library's thread-locals are dynamic TLS, which glibc allocates with the program's malloc on a
+//! never load this library, whose loading costs more than the front's (docs/DESIGN.md, "The
+//! shim's front"). Dlopen()ed, this library's thread-locals are dynamic TLS, which glibc allocates with the program's malloc on a
 //! thread's first touch: no hook touches one on a program thread (the hooks' flags live in the
 //! front's static TLS; engine threads are known by their thread pointer, and get their own
 //! copy of every TLS block, see `engine::os::thread`).

@@ -11,7 +11,7 @@
 //!   once the cgroup is within a sixteenth of it: the kernel would otherwise reclaim (with no
 //!   swap: kill) the program for pages the engine keeps.
 //!
-//! The first scrub thread computes it about every 100 ms ([`Budget::update`]); every scrub
+//! The first scrub thread computes it now and then ([`Budget::update`], `scrub::LOOK_EVERY`); every scrub
 //! gives back what its pool holds above its share (dirty pages first, oldest first, then ready
 //! ones), and a recycle is refused (the pages discarded, as natively) while the pools hold it
 //! all.
@@ -139,7 +139,7 @@ impl Budget {
     /// as recent. Returns it.
     ///
     /// # Context
-    /// The first scrub thread, about every 100 ms; reads the cgroup's usage.
+    /// The first scrub thread, every `scrub::LOOK_EVERY`; reads the cgroup's usage.
     pub(crate) fn update(&self, recent: &mut Recent, delay: Duration) -> u64 {
         let released = self.released.swap(0, Relaxed);
         if released >= recent.big || recent.since.elapsed() > delay {

@@ -1,12 +1,12 @@
-//! Blocks that grow in small steps (issue 29): the new part of a block is filled from the
-//! program's own thread, inside the `realloc` or `mremap` that made it, before the program
-//! writes it ([`crate::Engine::fill_grown`]).
+//! Blocks that grow in small steps: the new part of a block is filled from the program's own
+//! thread, inside the `realloc` or `mremap` that made it, before the program writes it
+//! ([`crate::Engine::fill_grown`]).
 //!
-//! Served by faults, each step of a block grown 64 KiB at a time cost a round trip to the
-//! handler (~15 µs here) for a 16-page window cut at the block's end, plus a TLB-flush
-//! interrupt for the move: `regrow_memset 256` took 0.49-0.66 s against 0.11 s natively, where
-//! each step is 16 kernel faults (~26 µs). Filled in the call (16 pages copied from the zero
-//! source, ~1 µs each), the program's writes fault no more: 0.8x native ([`fill`]).
+//! Served by faults, each step of a block grown 64 KiB at a time costs a round trip to the
+//! handler for a window cut at the block's end, plus a TLB-flush interrupt for the move: more
+//! than the kernel's own faults for those pages. Filled in the call (copies of the zero
+//! source), the program's writes fault no more ([`fill`]; docs/DESIGN.md, "Blocks that grow in
+//! small steps", has the figures).
 //!
 //! Only the part of a growth before its first whole PMD is filled ([`fill_end`]): whole PMDs
 //! are left to the windows, which give them huge pages, and a vector that doubles its
@@ -38,9 +38,9 @@ pub(crate) fn fill_end(addr: usize, len: usize) -> usize {
 /// Installs zero pages in `[dst, dst + len)` (claimed by the caller, no page there yet):
 /// copies of the zero source, the kernel allocating each page as its own fault would, without
 /// the trap. Not pool pages: moved from a program thread while the scrub refills the small
-/// ring on the other CPU, each move flushed that CPU's TLB (an interrupt, a VM exit here) and
-/// the two contended for the ring's page-table lock: `regrow_memset 256` took 0.104-0.138 s
-/// with moves, 0.092-0.099 s with copies, 0.104-0.120 s natively (one sitting, alternated).
+/// ring on the other CPU, each move flushes that CPU's TLB (an interrupt; an exit in a virtual
+/// machine) and the two contend for the ring's page-table lock: slower than copies
+/// (docs/DESIGN.md, "Blocks that grow in small steps").
 /// A page found present is skipped (counted in); any other refusal (an event pending, the
 /// memory gone) stops it, and the rest faults as usual. Returns the bytes from `dst` that
 /// hold a page now.

@@ -10,11 +10,11 @@
 //! pages that a scrub thread prepared earlier, moved into place with `UFFDIO_MOVE` (the page
 //! frames change owner; no byte is copied).
 //!
-//! Why it pays (shared/notes/uffd-facts.md, this machine kind): a native 4 KiB first touch
-//! costs ~1,700 ns per page. One userfaultfd round trip costs ~15 µs, but it can install a whole
-//! window: at 512 pages the faulting thread spends ~100 ns per page, at 2048 ~84, and less
-//! again when three of the window's four PMDs are moved as huge pages (`zerofault bench` on
-//! 1 GiB: ~20-50 ns per page with a warm pool).
+//! Why it pays: a native 4 KiB first touch pays a trap and the zeroing of a page, per page. One
+//! userfaultfd round trip costs about ten such faults, but it can install a whole window, so
+//! that past a few hundred pages a window the faulting thread spends a fraction of a fault per
+//! page, and less again when three of the window's four PMDs are moved as huge pages (the
+//! figures: `shared/notes/uffd-facts.md`, docs/BENCHMARKS.md).
 //!
 //! ## The life of a fault
 //! 1. A thread writes to a page of a [`Region`] that has no page yet. The kernel blocks it and
@@ -33,7 +33,7 @@
 //!    someone else. So two handlers never install the same page, and no lock is taken.
 //! 4. For a write it takes ready pages from the pool (`pool.rs`) and moves them with
 //!    `UFFDIO_MOVE`. Every whole 2 MiB-aligned PMD of the window gets a transparent huge page
-//!    from the pool's huge ring, moved with one PMD update (~2 µs for 512 pages); the rest, and
+//!    from the pool's huge ring, moved with one PMD update (one entry for 512 pages); the rest, and
 //!    always the PMD the fault landed in (the kernel gave it a page table before it asked us),
 //!    get 4 KiB pages from the small ring, one ioctl per contiguous run. The pieces go in last
 //!    to first, so the thread wakes only when its whole window is there. A read maps the shared

@@ -252,7 +252,7 @@ impl Kind for Ahead {
     }
 }
 
-/// A zeroing method for recycled pages, or `auto` (`None`): measured, the fastest kept.
+/// A zeroing method for recycled pages, or `auto` (`None`): each timed, the fastest kept.
 pub struct Method;
 impl Kind for Method {
     type Value = Option<crate::zeroing::ZeroMethod>;
@@ -578,9 +578,9 @@ options! {
     /// Windows ahead: once a stream's window has reached max_order, its faults also install
     /// the whole PMDs after the window (huge pages; zero pages for reads), as many pages as
     /// the stream has written so far, up to 2^ahead_order. `fault`: with the fault's window,
-    /// before the thread is woken; `wake`: after it, while the thread writes (on this 2-vCPU
-    /// guest each huge page moved then costs an interrupt on the writer's CPU: see DESIGN.md;
-    /// with several handlers, `wake` works as `fault`).
+    /// before the thread is woken; `wake`: after it, while the thread writes (each huge page
+    /// moved then interrupts the writer's CPU, which costs a virtual machine an exit: see
+    /// docs/DESIGN.md, "Windows ahead"; with several handlers, `wake` works as `fault`).
     ahead: Ahead = "fault",
     /// Largest window ahead: 2^order pages (at least one max_order window; 15: 128 MiB).
     ahead_order: AheadOrder = "15",
@@ -611,10 +611,9 @@ options! {
     /// How long an idle handler keeps polling the userfaultfd after a burst of faults before
     /// it sleeps, when the burst came soon after the one before (faults close together) and
     /// the threads writing fresh memory, the handlers and the scrub threads at work leave a CPU
-    /// the process may use. A
-    /// handler asleep on an idle virtual CPU takes a wake-up of that CPU per fault (40-50 us
-    /// on this project's KVM guest, twice a round trip); polling saves one of the two (random
-    /// first touches before their hand-back, a cold stream). 0: sleep at once.
+    /// the process may use. A handler asleep on an idle virtual CPU takes a wake-up of that CPU
+    /// per fault (docs/DESIGN.md, "A short poll"); polling saves one of the two (random first
+    /// touches before their hand-back, a cold stream). 0: sleep at once.
     handler_spin: Micros = "50us",
     /// Starved streams go to the kernel: when this many threads fault at once (each within
     /// 10 ms) and the huge ring could not fill the last 8 write windows of 2 MiB or more, the range being
@@ -626,9 +625,9 @@ options! {
     lend_threads: Lend = "auto",
     /// Lending waits for the kernel to make huge pages fast: the handler's last staging
     /// populate (one 2 MiB huge page, within the last second) took at most this long (wall
-    /// time less time spent runnable). 0.2-0.5 ms when memory was in use lately; 2-8 ms from
-    /// memory a virtual machine's host took back, where the kernel's own huge-page faults are
-    /// as slow and the engine stays the faster one.
+    /// time less time spent runnable). Slower means memory a virtual machine's host took
+    /// back, where the kernel's own huge-page faults are as slow and the engine stays the
+    /// faster one (docs/SCALING.md, "The hand-back rule for T >= N: lending").
     lend_populate_max: Millis = "1ms",
     /// Testing only: the (first) fault handler panics on this fault event of its own (0 =
     /// never), to exercise fail-open.
@@ -677,9 +676,9 @@ impl Options {
     /// The faulting threads at which a starved stream is lent to the kernel (`lend_threads`),
     /// for `producers` threads making pages (handlers and scrubs) on `cpus` CPUs; `None`: never.
     /// `auto`: the engine's producers make pages at `min(producers, cpus)` CPUs' worth, each
-    /// page at 8/5 of the kernel's CPU cost (measured: 0.20 s of CPU a GiB cold against the
-    /// kernel's THP fault at 0.126 s), while the kernel makes them on every faulting thread's
-    /// CPU: it wins from `ceil(min(producers, cpus) * 5 / 8)` threads on.
+    /// page at 8/5 of the kernel's CPU cost (docs/SCALING.md, "The hand-back rule for T >= N:
+    /// lending"), while the kernel makes them on every faulting thread's CPU: it wins from
+    /// `ceil(min(producers, cpus) * 5 / 8)` threads on.
     pub fn lend_at(&self, producers: usize, cpus: usize) -> Option<usize> {
         match self.lend_threads {
             Some(0) => None,

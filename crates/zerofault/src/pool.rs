@@ -64,8 +64,8 @@ use std::io;
 use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
 
-/// Pages populated per producer step: one PMD, so that consumers see pages appear every ~0.6 ms
-/// instead of after a whole refill.
+/// Pages populated per producer step: one PMD, so that consumers see pages appear every PMD
+/// populated instead of after a whole refill.
 pub(crate) const FILL_CHUNK_PAGES: u64 = PMD_PAGES;
 
 /// Pages per 2 MiB chunk of the huge ring.
@@ -639,8 +639,8 @@ impl Pool {
     /// The demand that huge pages already on their way back (recycled, waiting in the dirty
     /// huge ring) will not meet. A miss they will meet means the scrub is behind, not that the
     /// pool lacks huge pages, and trading 4 KiB pages for more would populate (and later purge)
-    /// what comes back anyway (measured: seed 003's loop spent 0.5-0.7 s more CPU in runs with
-    /// ~100 such trades). The backlog is set against the demand as a whole, not against each
+    /// what comes back anyway (seed 003's loop spent more CPU in runs with such trades:
+    /// docs/DESIGN.md, "Recycling freed pages"). The backlog is set against the demand as a whole, not against each
     /// miss: many small misses add up.
     pub(crate) fn unmet_huge_demand(&self) -> u64 {
         let coming = self.dirty_huge.as_ref().map_or(0, |d| d.pending() / CHUNK_PAGES);
@@ -676,8 +676,8 @@ impl Pool {
     /// share (ties: huge first), as (pair, dirty ring, clean ring, batch). A program that frees
     /// and at once allocates again wants both sizes from the start: zeroing every huge page
     /// before any 4 KiB one left the small ring empty for the first tens of milliseconds of
-    /// each round of seed 003's loop, and its 4 KiB faults were copies (measured: 42-75k
-    /// copied pages in ten rounds of 1 GiB instead of 80-150k).
+    /// each round of seed 003's loop, and its 4 KiB faults were copies (docs/DESIGN.md,
+    /// "Recycling freed pages").
     pub(crate) fn next_dirty(&self, done: [bool; 2]) -> Option<(usize, &DirtyRing, &Ring, Batch)> {
         let pairs = [
             self.dirty_huge.as_ref().zip(self.huge.as_ref()),

@@ -581,7 +581,7 @@ impl Drop for Region {
             // on. Pieces the program unmapped itself are no longer in the table, and what it
             // moved elsewhere with mremap is no longer here: only the pieces in the table go,
             // and the spans handed back or lent to the kernel, which left the table but are
-            // the region's all the same (they stayed mapped for good before 2026-11-25).
+            // the region's all the same (else they would stay mapped for good).
             for r in &pieces {
                 if let Some(u) = uffd.as_ref() {
                     let _ = u.unregister(r.start, r.end() - r.start);

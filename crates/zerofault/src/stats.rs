@@ -169,9 +169,9 @@ counters! {
     /// enough.
     huge_traded,
     /// The method zeroing cold recycled pages: 1 kernel, 2 stosb, 3 nt, 4 clzero, 5 dsa (0 until the
-    /// first batch; with zero_method=auto, the fastest measured).
+    /// first batch; with zero_method=auto, the fastest timed).
     [max] zero_method,
-    /// zero_method=auto's measurement of `kernel` on this machine's cold recycled pages, MB/s.
+    /// zero_method=auto's timing of `kernel` on the process's cold recycled pages, MB/s.
     [max] zero_mbps_kernel,
     /// The same for `stosb`.
     [max] zero_mbps_stosb,

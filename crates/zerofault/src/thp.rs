@@ -1,7 +1,8 @@
 //! Whole-PMD placement: where a transparent huge page may go, and putting it there.
 //!
 //! A huge page is moved (`UFFDIO_MOVE`, one PMD update) only into a PMD that holds no page
-//! table: into a page table it would be split (~1 ms). User space cannot see page tables, so
+//! table: into a page table it would be split (most of a millisecond, docs/DESIGN.md, "Huge
+//! pages"). User space cannot see page tables, so
 //! each range keeps a [`PmdMap`]: one bit per PMD it overlaps that is set once the PMD *may*
 //! hold a table (4 KiB pages went in, a `MADV_DONTNEED` cut through it, the kernel moved pages
 //! in with `mremap`), and one bit per PMD where the program asked for huge pages
@@ -23,7 +24,8 @@ use crate::sys::mman;
 use crate::sys::raw::Errno;
 use std::time::{Duration, Instant};
 
-/// A staging populate slower than this (a huge page normally takes ~0.4-1 ms here) means the
+/// A staging populate slower than this (a huge page normally takes well under it, see
+/// docs/DESIGN.md, "Huge pages") means the
 /// kernel had to compact memory for it, or fell back to 4 KiB pages: the handler then copies
 /// instead for [`STAGE_REST`]. The scrub thread, off the faulting path, keeps trying.
 pub(crate) const STAGE_SLOW: Duration = Duration::from_millis(4);
@@ -299,10 +301,10 @@ impl<K: Kernel> Handler<'_, K> {
         }
         let (t0, delay0) = (Instant::now(), crate::sys::thread::run_delay());
         let populated = stage.populate();
-        // Wall time less the time spent runnable but not running: preempted on a busy machine
-        // (two threads writing on two CPUs), a 0.3 ms populate took 4 ms of wall and sent the
-        // handler to 4 KiB copies for a second (52,735 pages copied of 65,536 in one test
-        // run). Time asleep in reclaim or compaction, or a guest stalled on its host, counts.
+        // Wall time less the time spent runnable but not running: preempted on a busy machine,
+        // a fast populate would read as slow and send the handler to 4 KiB copies for a whole
+        // rest (docs/DESIGN.md, "Huge pages"). Time asleep in reclaim or compaction, or a guest
+        // stalled on its host, counts.
         let took = match (delay0, crate::sys::thread::run_delay()) {
             (Some(a), Some(b)) => t0.elapsed().saturating_sub(Duration::from_nanos(b.saturating_sub(a))),
             _ => t0.elapsed(),

@@ -32,8 +32,8 @@ impl ZeroSource {
         let _ = unsafe { mman::madvise(addr, len, mman::MADV_NOHUGEPAGE) };
         let z = ZeroSource { addr, len };
         // Map the zero page everywhere now, so that no copy takes a fault on its source: one
-        // call (a read fault per page cost a start about 0.3-0.7 ms here), or the reads where
-        // the call is refused.
+        // call (a read fault per page would lengthen every start), or the reads where the
+        // call is refused.
         if mman::populate_read(addr, len).is_err() {
             let pages = z.as_slice();
             for i in (0..len).step_by(PAGE_SIZE) {

@@ -1,6 +1,6 @@
 //! Zeroing methods (seeds 002/003): the ways the engine can zero memory it owns, behind one
 //! interface: the scrub thread zeroes recycled pages with them (`zero_method`), and
-//! `zerofault bench-zero` measures them on this machine.
+//! `zerofault bench-zero` times them where it runs.
 //!
 //! - `kernel`: `MADV_DONTNEED` then `MADV_POPULATE_WRITE`: the kernel frees the pages and
 //!   hands back zero-filled ones.

@@ -1,7 +1,7 @@
 //! Windows ahead (seed 000 carried on): a confirmed stream stops faulting once per window.
 //!
 //! A confirmed sequential stream (its window at max_order) faults once per window: one round
-//! trip (~15 µs) and, outside `MADV_HUGEPAGE` memory, one PMD of 4 KiB pages, because the
+//! trip and, outside `MADV_HUGEPAGE` memory, one PMD of 4 KiB pages, because the
 //! kernel gives the faulting PMD a page table before it asks us. So its faults also install a
 //! window ahead: the whole PMDs after the window, as many pages as the stream has written so
 //! far (at least one max_order window, at most 2^ahead_order: a stream that stops leaves at
@@ -11,16 +11,17 @@
 //!
 //! - `fault` (default): [`super::locate`] widens the fault's window over the window ahead, and
 //!   it all goes in before the thread is woken, last to first like any window. The thread
-//!   waits ~1.2 µs more per huge page, and every move is cheap: with the writer asleep, its CPU
-//!   needs no TLB flush. It reaches only as far as the pool's ready huge pages: making them
-//!   here (0.2-4 ms each) would hold every other thread's fault behind this one.
+//!   waits a little longer per huge page, and every move is cheap: with the writer asleep, its
+//!   CPU needs no TLB flush. It reaches only as far as the pool's ready huge pages: making them
+//!   here (a populate each) would hold every other thread's fault behind this one
+//!   (docs/DESIGN.md, "Windows ahead").
 //! - `wake`: [`super::locate`] cuts the fault's window at the end of the fault's PMD (or the
 //!   next one, so that the woken thread has a PMD to write before it reaches the handler), and
 //!   [`Handler::install_ahead`] installs the window ahead after the wake, in address order,
 //!   while the thread writes behind it. This is the design the issue asked for, and it is the
 //!   slower one here: each huge page moved while the writer runs flushes the pool's PMD from
 //!   the writer's CPU too, an interrupt that costs a virtual machine an exit, and the handler
-//!   fell behind the writer (measured in docs/DESIGN.md). It is kept for machines where
+//!   fell behind the writer (docs/DESIGN.md, "Windows ahead"). It is kept for machines where
 //!   interrupts are cheap. It never delays a fault: it stops, releasing the rest of its claim,
 //!   as soon as any fault is waiting, where a PMD holds a page table or pages are claimed by
 //!   someone else, where the mapping ends, and where no huge page is ready (the ring is empty

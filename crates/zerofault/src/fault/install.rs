@@ -239,7 +239,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// The pieces go in from the last to the first. The faulting page is in the first one, and
     /// an install wakes the thread waiting there: woken early, it would run on into the pieces
     /// not yet installed and fault there, and its fault gives that PMD a page table, which
-    /// splits the huge page moved into it next (~1 ms). If a piece stops, the whole span is
+    /// splits the huge page moved into it next (most of a millisecond). If a piece stops, the whole span is
     /// reported stopped at its start: pages already installed only leave stale bits behind,
     /// which cost an EEXIST later, never a hang.
     pub(crate) fn install_write(&mut self, dst: usize, len: usize, range: Option<&Range>) -> Filled {

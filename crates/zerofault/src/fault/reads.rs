@@ -1,4 +1,4 @@
-//! Reads before writes (issue 29): a read fault in memory the program goes on to write is
+//! Reads before writes: a read fault in memory the program goes on to write is
 //! served as a write fault would be, so that its writes fault no more. Natively, and here
 //! before, a read maps the zero page, and each later write is a copy-on-write fault the kernel
 //! serves alone, 4 KiB at a time, with no huge page ever (`maploop 256 10 rw`: 1,310,720 zero
@@ -20,8 +20,8 @@
 //!
 //! Served as a write means what a write fault gets: pool pages, whole huge pages for whole
 //! PMDs, a window ahead, and pages made or copied when the pool is short, each cheaper than
-//! the copy-on-write faults they save (~1.6 µs a page here, against ~1 µs a copy and 0.1-0.3
-//! ms a huge page made for 512 pages). A zero page when the pool is short would also never
+//! the copy-on-write faults they save (docs/DESIGN.md, "Reads before writes", has the
+//! costs). A zero page when the pool is short would also never
 //! ask the scrub for pages: such a program would stay on copy-on-write for good. Only where
 //! a move is refused (a read-only mapping: `UFFDIO_MOVE` wants the same protection on both
 //! sides) or the pool is paused (`mlockall`) does the rest of the window map the zero page.

@@ -292,8 +292,8 @@ pub fn thp_available() -> bool {
 /// (into a PMD that keeps an empty table the kernel splits the huge page instead: correct,
 /// most of a millisecond). Probed once: 8 PMDs of fresh memory get one page each (a table
 /// each), are discarded whole, and the process's page-table bytes (`VmPTE`) must fall back by
-/// most of what they grew. The probe costs 1-1.5 ms here (three reads of /proc/self/status,
-/// eight faults): an engine thread makes it at start ([`probe_pt_reclaim`]), and a program
+/// most of what they grew. The probe is three reads of /proc/self/status and eight faults,
+/// too slow for a program thread: an engine thread makes it at start ([`probe_pt_reclaim`]), and a program
 /// thread only asks for the answer ([`pt_reclaim_known`]).
 static PT_RECLAIM: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
 
@@ -589,8 +589,8 @@ fn scan(
 /// The run of contiguous mappings that are not `PROT_NONE` holding `addr`, as `[lo, hi)`
 /// (`None` if `addr` is unmapped or `PROT_NONE`). Reads /proc/self/maps through a stack
 /// buffer, line by line: a handler calls it, and a `String` of the whole file mapped chunks
-/// of the engine's allocator, which a program's `mlockall(MCL_FUTURE)` then locked (issue 29:
-/// `mlockall later` went over its slack). Not for hot paths.
+/// of the engine's allocator, which a program's `mlockall(MCL_FUTURE)` then locked (the
+/// shim's `mlockall later` test went over its slack). Not for hot paths.
 pub(crate) fn accessible_around(addr: usize) -> Option<(usize, usize)> {
     let mut run: Option<(usize, usize)> = None;
     let mut found = None;

@@ -513,7 +513,7 @@ impl Uffd {
     /// `UFFDIO_MOVE` may move pages *into* it (the kernel wants every destination registered
     /// with the descriptor), and for nothing else: write-protect mode, with no page ever
     /// write-protected, reports no fault at all. Its missing pages stay the kernel's to fill
-    /// (`MADV_POPULATE_WRITE` and plain writes work as before), measured on Linux 6.18.
+    /// (`MADV_POPULATE_WRITE` and plain writes work as before; seen on Linux 6.18).
     pub(crate) fn register_as_destination(&self, start: usize, len: usize) -> Result<(), Errno> {
         // SAFETY: write-protect mode changes no fault of the range until a page is
         // write-protected with UFFDIO_WRITEPROTECT, which the engine never calls.
