@@ -738,7 +738,7 @@ pub(crate) fn llc_bytes() -> Option<usize> {
         let Ok(size) = std::fs::read_to_string(format!("{dir}/size")) else {
             continue;
         };
-        let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), crate::options::parse_size(size.trim())) else {
+        let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), cache_size(size.trim())) else {
             continue;
         };
         if best.is_none_or(|(l, _)| level > l) {
@@ -746,6 +746,17 @@ pub(crate) fn llc_bytes() -> Option<usize> {
         }
     }
     best.map(|(_, s)| s)
+}
+
+/// A cache size as sysfs writes it: a count with a binary suffix (`48K`, `36608K`, `2M`).
+fn cache_size(s: &str) -> Option<usize> {
+    let (digits, shift) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 10),
+        b'M' => (&s[..s.len() - 1], 20),
+        b'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
 }
 
 /// How long, in all, the calling thread waited runnable for a CPU, in ns (the second field
@@ -850,6 +861,16 @@ impl ThreadClock {
 mod tests {
     use super::*;
     use std::cell::Cell;
+
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(cache_size("48K"), Some(48 << 10));
+        assert_eq!(cache_size("36608K"), Some(36608 << 10));
+        assert_eq!(cache_size("2M"), Some(2 << 20));
+        assert_eq!(cache_size("512"), Some(512));
+        assert_eq!(cache_size("K"), None);
+        assert_eq!(cache_size(""), None);
+    }
     use std::sync::atomic::{AtomicU64, AtomicUsize};
     use std::sync::Arc;
 
