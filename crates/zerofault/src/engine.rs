@@ -139,7 +139,7 @@ pub(crate) struct Shared {
     /// One bracket per handler: odd while that handler is inside one message (bumped on entry
     /// and on exit), so that [`Engine::stats`] can wait for the counts of the install that
     /// woke its caller. Its length is the number of handlers.
-    pub(crate) handling: Box<[AtomicU64]>,
+    pub(crate) handling: Box<[crate::sync::AtomicU64]>,
     /// Events (REMOVE, UNMAP, REMAP) read so far by any handler: a handler's cached view of
     /// the mappings is stale once this moved.
     pub(crate) events: AtomicU64,
@@ -483,7 +483,7 @@ impl Engine {
             sparse_run: AtomicU32::new(0),
             left_alone: AtomicU32::new(0),
             doorbell,
-            handling: (0..handlers).map(|_| AtomicU64::new(0)).collect(),
+            handling: (0..handlers).map(|_| crate::sync::AtomicU64::new(0)).collect(),
             events: AtomicU64::new(0),
             predictors: Predictors::default(),
             inflight: (0..handlers).map(|_| fault::Inflight::default()).collect(),
@@ -1365,7 +1365,7 @@ impl Shared {
             sparse_run: AtomicU32::new(0),
             left_alone: AtomicU32::new(0),
             doorbell: 0,
-            handling: Box::new([AtomicU64::new(0)]),
+            handling: Box::new([crate::sync::AtomicU64::new(0)]),
             events: AtomicU64::new(0),
             predictors: Predictors::default(),
             inflight: Box::new([fault::Inflight::default()]),

@@ -32,10 +32,11 @@ use crate::page::{bytes, pages, pmd_start, PMD_PAGES, PMD_SIZE};
 use crate::predict::{Outcome, STREAMS};
 use crate::region::Range;
 use crate::stats::{nanos, Stats};
+use crate::sync;
 use crate::sys::mman;
 use crate::Shared;
 use std::sync::atomic::Ordering::{AcqRel, Relaxed};
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -184,17 +185,17 @@ const PROBES: usize = 4;
 #[derive(Debug)]
 pub(crate) struct Faulters {
     epoch: Instant,
-    tids: [AtomicU32; FAULTER_SLOTS],
+    tids: [sync::AtomicU32; FAULTER_SLOTS],
     /// Nanoseconds since `epoch`, plus one (0: never).
-    at: [AtomicU64; FAULTER_SLOTS],
+    at: [sync::AtomicU64; FAULTER_SLOTS],
 }
 
 impl Default for Faulters {
     fn default() -> Faulters {
         Faulters {
             epoch: Instant::now(),
-            tids: std::array::from_fn(|_| AtomicU32::new(0)),
-            at: std::array::from_fn(|_| AtomicU64::new(0)),
+            tids: std::array::from_fn(|_| sync::AtomicU32::new(0)),
+            at: std::array::from_fn(|_| sync::AtomicU64::new(0)),
         }
     }
 }
@@ -1128,5 +1129,53 @@ mod tests {
         }
         // The start, then 5 misses scattered over the region (see MissRun).
         assert_eq!(tripped_at, Some(5));
+    }
+}
+
+/// Loom model of the recent-faulters table (`RUSTFLAGS="--cfg loom"`, see `.ci/run`): two
+/// threads whose ids hash to one slot note their faults at once.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::{Faulters, FAULTER_SLOTS};
+    use loom::sync::Arc;
+    use loom::thread;
+    use std::sync::atomic::Ordering::Relaxed;
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(f);
+    }
+
+    #[test]
+    fn loom_threads_racing_for_a_slot_take_it_once_and_are_each_counted_once() {
+        let home = |tid: u32| (tid as usize).wrapping_mul(0x9E37_79B9) % FAULTER_SLOTS;
+        let a = 7u32;
+        let b = (8..100_000u32).find(|&t| home(t) == home(a)).unwrap();
+        let now = 1_000_000_000;
+        model(move || {
+            let f = Arc::new(Faulters::default());
+            // `a` faults twice (its second fault must find its own slot), `b` once.
+            let ta = {
+                let f = f.clone();
+                thread::spawn(move || {
+                    f.note_at(a, now);
+                    f.note_at(a, now + 1);
+                })
+            };
+            let tb = {
+                let f = f.clone();
+                thread::spawn(move || f.note_at(b, now))
+            };
+            ta.join().unwrap();
+            tb.join().unwrap();
+            assert_eq!(f.active_at(now + 1), 2, "a thread counted twice, or a slot taken twice");
+            let mut held: Vec<u32> = (0..FAULTER_SLOTS)
+                .filter(|&i| f.at[i].load(Relaxed) > 0)
+                .map(|i| f.tids[i].load(Relaxed))
+                .collect();
+            held.sort_unstable();
+            assert_eq!(held, [a, b], "each thread in a slot of its own");
+        });
     }
 }

@@ -114,9 +114,10 @@
 //! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
 //!   embedder living inside another program (the LD_PRELOAD shim) uses.
 //! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
-//!   and `loom_tests` in `pool.rs` and `pagemap.rs` model the ring and the page map; debug
-//!   builds check the ring's and the range table's invariants (`is_valid`) after each change;
-//!   `testing.rs` holds what the unit tests share.
+//!   and `loom_tests` in `pool.rs`, `pagemap.rs`, `recycle.rs`, `handback.rs` and
+//!   `fault/handler.rs` model the ring, the page map, the dirty ring, the recent-faulters
+//!   table and the windows in flight; debug builds check the ring's and the range table's
+//!   invariants (`is_valid`) after each change; `testing.rs` holds what the unit tests share.
 
 #![warn(
     missing_docs,

@@ -34,12 +34,13 @@ use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
 use crate::pool::Pool;
 use crate::region::Range;
 use crate::stats::Stats;
+use crate::sync::AtomicU64;
 use crate::sys::mman;
 use crate::sys::raw::Errno;
 use crate::sys::uffd::{Progress, Uffd};
 use crate::Shared;
 use std::io;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -82,18 +83,113 @@ pub(crate) struct Batch {
     pub(crate) stamp: u64,
 }
 
+/// A dirty ring's indices, apart from its memory: the lock-free part, which loom checks
+/// (`cfg(loom)`, see `sync.rs`). Counters in pages, monotonic (see the module's docs).
+#[derive(Debug)]
+struct DirtyIndex {
+    /// Pages in the ring.
+    pages: u64,
+    /// Pages per slot: 1, or [`PMD_PAGES`] for the huge ring (one huge page a slot).
+    unit: u64,
+    /// Pages the scrub emptied so far (the scrub alone).
+    head: AtomicU64,
+    /// Pages moved in so far (one recycler at a time).
+    tail: AtomicU64,
+    /// Per [`BATCH_PAGES`] slots: when a page last came in, on the ring's clock.
+    stamps: Box<[AtomicU64]>,
+}
+
+impl DirtyIndex {
+    /// An empty ring of `pages` pages, `unit` pages a slot.
+    fn new(pages: u64, unit: u64) -> DirtyIndex {
+        DirtyIndex {
+            pages,
+            unit,
+            head: AtomicU64::new(0),
+            tail: AtomicU64::new(0),
+            stamps: (0..pages.div_ceil(BATCH_PAGES)).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// Pages waiting to be zeroed.
+    fn pending(&self) -> u64 {
+        let t = self.tail.load(Acquire);
+        t - self.head.load(Acquire).min(t)
+    }
+
+    /// A recycler's start (one at a time): `(head, tail)`. The slots from `tail` up to
+    /// `head + pages` are empty.
+    fn begin(&self) -> (u64, u64) {
+        // Acquire: the scrub emptied every slot below `head` before it stored it.
+        let h = self.head.load(Acquire);
+        (h, self.tail.load(Relaxed))
+    }
+
+    /// The slots a recycler may fill from `t` (`h` from [`Self::begin`]): at most `max` pages,
+    /// whole slots, never crossing the ring's end.
+    fn room(&self, h: u64, t: u64, max: u64) -> u64 {
+        let room = self.pages - (t - h);
+        let slot = t % self.pages;
+        let want = max.min(room).min(self.pages - slot);
+        want - want % self.unit
+    }
+
+    /// The recycler filled the slots `[t0, t)`, the last of them at `now`: the scrub may take
+    /// them.
+    fn publish(&self, t0: u64, t: u64, now: u64) {
+        for i in (t0..t).step_by(crate::page::index(BATCH_PAGES)) {
+            self.stamps[crate::page::index((i % self.pages) / BATCH_PAGES)].store(now, Relaxed);
+        }
+        if t > t0 {
+            self.stamps[crate::page::index(((t - 1) % self.pages) / BATCH_PAGES)].store(now, Relaxed);
+        }
+        // Release: the moves happen before the scrub's Acquire load that sees them.
+        self.tail.store(t, Release);
+    }
+
+    /// The batch at the head, `(first slot, pages, stamp)`: at most [`BATCH_PAGES`], never
+    /// crossing a batch boundary or the ring's end. Its stamp is no older than its pages (the
+    /// stamps are stored before `tail`). The scrub alone calls this.
+    fn peek(&self) -> Option<(u64, u64, u64)> {
+        let h = self.head.load(Relaxed);
+        let t = self.tail.load(Acquire);
+        if h >= t {
+            return None;
+        }
+        let slot = h % self.pages;
+        let n = (t - h).min(BATCH_PAGES - slot % BATCH_PAGES);
+        let stamp = self.stamps[crate::page::index(slot / BATCH_PAGES)].load(Relaxed);
+        Some((slot, n, stamp))
+    }
+
+    /// The scrub emptied the first `n` pages at the head.
+    fn consume(&self, n: u64) {
+        let h = self.head.load(Relaxed);
+        debug_assert!(h + n <= self.tail.load(Acquire));
+        // Release: the slots are empty before a recycler's Acquire load sees them free.
+        self.head.store(h + n, Release);
+    }
+
+    /// Every slot is empty (recyclers held off, the scrub kept away).
+    fn drain(&self) {
+        self.head.store(self.tail.load(Relaxed), Release);
+    }
+
+    /// `head <= tail <= head + pages`, on whole slots.
+    fn is_valid(&self) -> bool {
+        let h = self.head.load(Acquire);
+        let t = self.tail.load(Acquire);
+        h <= t && t - h <= self.pages && h % self.unit == 0 && t % self.unit == 0
+    }
+}
+
 /// One ring of recycled, not yet zeroed pages (see the module's docs).
 #[derive(Debug)]
 pub(crate) struct DirtyRing {
     base: usize,
-    pages: u64,
-    /// Pages per slot: 1, or [`PMD_PAGES`] for the huge ring (one huge page a slot).
-    unit: u64,
-    head: AtomicU64,
-    tail: AtomicU64,
+    index: DirtyIndex,
     lock: Mutex<()>,
-    /// Per [`BATCH_PAGES`] slots: when a page last came in, ns since `born`.
-    stamps: Box<[AtomicU64]>,
+    /// The ring's clock: ns since then.
     born: Instant,
 }
 
@@ -102,33 +198,27 @@ impl DirtyRing {
     /// whole huge pages, one per 2 MiB slot.
     pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<DirtyRing> {
         let (base, len) = crate::pool::map_ring(bytes, huge)?;
-        let n = pages(len);
         Ok(DirtyRing {
             base,
-            pages: n,
-            unit: if huge { PMD_PAGES } else { 1 },
-            head: AtomicU64::new(0),
-            tail: AtomicU64::new(0),
+            index: DirtyIndex::new(pages(len), if huge { PMD_PAGES } else { 1 }),
             lock: Mutex::new(()),
-            stamps: (0..n.div_ceil(BATCH_PAGES)).map(|_| AtomicU64::new(0)).collect(),
             born: Instant::now(),
         })
     }
 
     /// The reserved area, as (address, length).
     pub(crate) fn area(&self) -> (usize, usize) {
-        (self.base, bytes(self.pages))
+        (self.base, bytes(self.index.pages))
     }
 
     /// Whether slots hold whole huge pages.
     pub(crate) fn is_huge(&self) -> bool {
-        self.unit > 1
+        self.index.unit > 1
     }
 
     /// Pages waiting to be zeroed.
     pub(crate) fn pending(&self) -> u64 {
-        let t = self.tail.load(Acquire);
-        t - self.head.load(Acquire).min(t)
+        self.index.pending()
     }
 
     /// Now, on the ring's clock (ns).
@@ -140,23 +230,19 @@ impl DirtyRing {
     /// is room. In the huge ring `n` is one huge page and fills one slot. Recyclers call this
     /// one at a time (the ring's lock).
     pub(crate) fn put(&self, src: usize, n: u64, mv: &mut dyn FnMut(usize, usize, usize) -> Progress) -> Put {
-        debug_assert!(n % self.unit == 0);
+        let unit = self.index.unit;
+        debug_assert!(n % unit == 0);
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
-        // Acquire: the scrub emptied every slot below `head` before it stored it.
-        let h = self.head.load(Acquire);
-        let t0 = self.tail.load(Relaxed);
+        let (h, t0) = self.index.begin();
         let mut t = t0;
         let mut got = Put::default();
         'segments: while got.consumed < n {
-            let room = self.pages - (t - h);
-            let slot = t % self.pages;
-            let want = (n - got.consumed).min(room).min(self.pages - slot);
-            let want = want - want % self.unit;
+            let want = self.index.room(h, t, n - got.consumed);
             if want == 0 {
                 got.full = true;
                 break;
             }
-            let dst = self.base + bytes(slot);
+            let dst = self.base + bytes(t % self.index.pages);
             // Slots of this segment used so far.
             let mut d = 0;
             let mut again = 0;
@@ -188,23 +274,15 @@ impl DirtyRing {
                     }
                     Some(e) => {
                         got.refused = Some(e);
-                        t += if self.unit > 1 && d > 0 { self.unit } else { d };
+                        t += if unit > 1 && d > 0 { unit } else { d };
                         break 'segments;
                     }
                 }
             }
             // A huge slot is used whole once anything is in it.
-            t += if self.unit > 1 && d > 0 { self.unit } else { d };
+            t += if unit > 1 && d > 0 { unit } else { d };
         }
-        let now = self.now();
-        for i in (t0..t).step_by(crate::page::index(BATCH_PAGES)) {
-            self.stamps[crate::page::index((i % self.pages) / BATCH_PAGES)].store(now, Relaxed);
-        }
-        if t > t0 {
-            self.stamps[crate::page::index(((t - 1) % self.pages) / BATCH_PAGES)].store(now, Relaxed);
-        }
-        // Release: the moves happen before the scrub's Acquire load that sees them.
-        self.tail.store(t, Release);
+        self.index.publish(t0, t, self.now());
         debug_assert!(self.is_valid());
         got
     }
@@ -212,33 +290,22 @@ impl DirtyRing {
     /// The batch at the head: at most [`BATCH_PAGES`], never crossing a batch boundary or the
     /// ring's end. The scrub alone calls this.
     pub(crate) fn peek(&self) -> Option<Batch> {
-        let h = self.head.load(Relaxed);
-        let t = self.tail.load(Acquire);
-        if h >= t {
-            return None;
-        }
-        let slot = h % self.pages;
-        let n = (t - h).min(BATCH_PAGES - slot % BATCH_PAGES);
+        let (slot, n, stamp) = self.index.peek()?;
         Some(Batch {
             addr: self.base + bytes(slot),
             pages: n,
-            stamp: self.stamps[crate::page::index(slot / BATCH_PAGES)].load(Relaxed),
+            stamp,
         })
     }
 
     /// The scrub emptied the first `n` pages at the head (moved them on, or purged them).
     pub(crate) fn consume(&self, n: u64) {
-        let h = self.head.load(Relaxed);
-        debug_assert!(h + n <= self.tail.load(Acquire));
-        // Release: the slots are empty before a recycler's Acquire load sees them free.
-        self.head.store(h + n, Release);
+        self.index.consume(n);
     }
 
     /// `head <= tail <= head + pages`, on whole slots.
     pub(crate) fn is_valid(&self) -> bool {
-        let h = self.head.load(Acquire);
-        let t = self.tail.load(Acquire);
-        h <= t && t - h <= self.pages && h % self.unit == 0 && t % self.unit == 0
+        self.index.is_valid()
     }
 
     /// Gives every page back to the kernel and forgets them (the engine is going away, or the
@@ -248,15 +315,15 @@ impl DirtyRing {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the ring's own memory; no recycler runs (the lock), and the caller keeps the
         // scrub away.
-        let _ = unsafe { mman::madvise(self.base, bytes(self.pages), mman::MADV_DONTNEED) };
-        self.head.store(self.tail.load(Relaxed), Release);
+        let _ = unsafe { mman::madvise(self.base, bytes(self.index.pages), mman::MADV_DONTNEED) };
+        self.index.drain();
     }
 }
 
 impl Drop for DirtyRing {
     fn drop(&mut self) {
         // SAFETY: the ring's own memory, and the ring is dropped.
-        let _ = unsafe { mman::unmap(self.base, bytes(self.pages)) };
+        let _ = unsafe { mman::unmap(self.base, bytes(self.index.pages)) };
     }
 }
 
@@ -658,5 +725,106 @@ mod tests {
         assert_eq!((p.moved, p.refused), (100, Some(Errno(libc::EBUSY))));
         assert_eq!(ring.pending(), 1024);
         assert!(ring.is_valid());
+    }
+}
+
+/// Loom model of a dirty ring's index (`RUSTFLAGS="--cfg loom"`, see `.ci/run`). Slots are loom
+/// cells: a recycler writes a slot when it moves a page in (the put's time, on the ring's
+/// clock), the scrub reads and clears it when it empties the batch. Loom fails an access to a
+/// slot not ordered after the previous one, and the assertions fail a slot consumed before it
+/// was produced or twice, or a batch whose stamp is older than its pages.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::DirtyIndex;
+    use loom::cell::UnsafeCell;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    struct Ring {
+        index: DirtyIndex,
+        slots: Vec<UnsafeCell<u64>>,
+    }
+
+    impl Ring {
+        fn new(pages: u64) -> Ring {
+            Ring {
+                index: DirtyIndex::new(pages, 1),
+                slots: (0..pages).map(|_| UnsafeCell::new(0)).collect(),
+            }
+        }
+
+        fn slot(&self, i: u64) -> &UnsafeCell<u64> {
+            &self.slots[crate::page::index(i % self.index.pages)]
+        }
+
+        /// A recycler's put of up to `n` pages at time `now` (> 0), as `DirtyRing::put` steps
+        /// the index: the pages moved in.
+        fn put(&self, n: u64, now: u64) -> u64 {
+            let (h, t0) = self.index.begin();
+            let mut t = t0;
+            while t - t0 < n {
+                let want = self.index.room(h, t, n - (t - t0));
+                if want == 0 {
+                    break;
+                }
+                for i in t..t + want {
+                    // SAFETY: loom checks this access against every other one of the slot.
+                    self.slot(i).with_mut(|v| unsafe {
+                        assert_eq!(*v, 0, "slot {i} refilled before the scrub emptied it");
+                        *v = now;
+                    });
+                }
+                t += want;
+            }
+            self.index.publish(t0, t, now);
+            t - t0
+        }
+
+        /// One step of the scrub: empties the batch at the head, if any; the pages emptied.
+        fn scrub(&self) -> u64 {
+            let Some((slot, n, stamp)) = self.index.peek() else {
+                return 0;
+            };
+            for i in slot..slot + n {
+                // SAFETY: as above.
+                self.slot(i).with_mut(|v| unsafe {
+                    assert_ne!(*v, 0, "slot {i} consumed before it was produced, or twice");
+                    assert!(stamp >= *v, "a batch stamped {stamp} holds a page of {}", *v);
+                    *v = 0;
+                });
+            }
+            self.index.consume(n);
+            n
+        }
+    }
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(f);
+    }
+
+    #[test]
+    fn loom_a_batch_is_produced_before_it_is_consumed_and_consumed_once() {
+        // Four slots: three puts of two pages, the third only into slots the scrub emptied.
+        model(|| {
+            let r = Arc::new(Ring::new(4));
+            let recycler = {
+                let r = r.clone();
+                thread::spawn(move || r.put(2, 1) + r.put(2, 2) + r.put(2, 3))
+            };
+            let scrub = {
+                let r = r.clone();
+                thread::spawn(move || r.scrub() + r.scrub())
+            };
+            let moved = recycler.join().unwrap();
+            let mut emptied = scrub.join().unwrap();
+            assert!(r.index.is_valid());
+            assert_eq!(moved - emptied, r.index.pending());
+            while r.index.pending() > 0 {
+                emptied += r.scrub();
+            }
+            assert_eq!(moved, emptied, "a page lost or emptied twice");
+        });
     }
 }

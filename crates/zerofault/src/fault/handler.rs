@@ -8,6 +8,7 @@ use crate::page::{pages, PAGE_SIZE};
 use crate::pool::{Pool, Ring};
 use crate::predict::Tuning;
 use crate::stats::{nanos, Stats};
+use crate::sync::AtomicU64;
 use crate::sys::mman::Mapping;
 use crate::sys::raw::Errno;
 use crate::sys::thread::ThreadClock;
@@ -15,7 +16,6 @@ use crate::sys::uffd::{Msg, Progress, Uffd};
 use crate::zero::ZeroSource;
 use crate::Shared;
 use std::collections::VecDeque;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -247,7 +247,8 @@ fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: usize) -> bool {
 ///
 /// Its three words are written apart, so a reader may see a torn window; the worst it does
 /// with one is install the page at once or wait for nothing (bounded by [`INFLIGHT_WAIT`]),
-/// both safe: an install never overwrites a present page.
+/// both safe: an install never overwrites a present page. A reader that sees a range id sees
+/// the bounds stored with it or later ones (Release/Acquire on `range`), never older ones.
 #[derive(Debug, Default)]
 #[repr(align(64))]
 pub(crate) struct Inflight {
@@ -805,4 +806,41 @@ pub(crate) fn benign(e: Errno) -> bool {
             | libc::ENOMEM
             | libc::EFAULT
     )
+}
+
+/// Loom model of a handler's window in flight (`RUSTFLAGS="--cfg loom"`, see `.ci/run`): one
+/// handler moves on to its next window while another reads it.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use super::Inflight;
+    use loom::sync::Arc;
+    use loom::thread;
+
+    fn model(f: impl Fn() + Sync + Send + 'static) {
+        let mut b = loom::model::Builder::new();
+        b.preemption_bound = Some(3);
+        b.check(f);
+    }
+
+    #[test]
+    fn loom_a_reader_that_sees_a_range_id_sees_its_bounds_or_later_ones() {
+        model(|| {
+            let w = Arc::new(Inflight::default());
+            w.set(1, 0, 10);
+            let installer = {
+                let w = w.clone();
+                thread::spawn(move || {
+                    w.set(2, 100, 110);
+                    w.clear();
+                })
+            };
+            // Page 5 is in range 1's window, never in range 2's: range 2 with the bounds of 1
+            // would make a fault wait for an install that nobody makes.
+            // (The other way, range 1 with 2's bounds, is the documented torn read: safe.)
+            let mixed = w.covers(2, 5);
+            installer.join().unwrap();
+            assert!(!mixed, "range 2 seen with the bounds of range 1");
+            assert!(!w.covers(2, 105) && !w.covers(1, 5), "cleared: covers nothing");
+        });
+    }
 }
