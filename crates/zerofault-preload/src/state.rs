@@ -307,17 +307,7 @@ fn start() {
         STATE.store(OFF, Release);
         return;
     };
-    // A filter may refuse (or kill the process for) what the engine calls; a tracer reads
-    // memory it cannot wait for the engine to fill (rights.rs).
-    let off = if engine::os::thread::seccomp_filtered() {
-        SANDBOXED.store(true, Release);
-        Some("the process runs under a seccomp filter")
-    } else if engine::os::thread::traced() {
-        Some("the process is being traced (a debugger reads memory the engine cannot fill for it)")
-    } else {
-        None
-    };
-    if let Some(why) = off {
+    if let Some(why) = refused() {
         if opts.verbose {
             say(&format!(
                 "zerofault: engine not started in pid {}: {why}; running on plain memory",
@@ -329,14 +319,7 @@ fn start() {
     }
     let limit = engine::os::mman::address_limit();
     if let Some(l) = limit {
-        let pool = (l / 32) / PMD_SIZE * PMD_SIZE;
-        opts.pool_max = opts.pool_max.min(pool);
-        if opts.pool_max < 2 * PMD_SIZE {
-            opts.pool = false;
-            opts.pool_max = PMD_SIZE;
-        }
-        opts.scrub_stop = opts.scrub_stop.min(opts.pool_max);
-        opts.scrub_start = opts.scrub_start.min(opts.scrub_stop);
+        within_address_limit(&mut opts, l);
     }
     let stats = STATS.load(Acquire);
     let started = if stats.is_null() {
@@ -360,26 +343,84 @@ fn start() {
         }
     };
     if opts.verbose {
-        let f = e.features();
-        let machine = match e.machine_state() {
-            Ok(()) => "shared with this user's other processes".to_string(),
-            Err(why) => format!("alone ({why})"),
-        };
-        say(&format!(
-            "zerofault: engine started in pid {}: userfaultfd{}, pool {} MiB, machine state {machine}",
-            getpid(),
-            if f.has(engine::Features::MOVE) {
-                " with UFFDIO_MOVE"
-            } else {
-                " without UFFDIO_MOVE (pages are copied)"
-            },
-            e.options().pool_max >> 20
-        ));
+        say_started(&e);
     }
-    // The arena: made once (a forked child keeps its parent's and registers it again), never
-    // under a memory limit.
+    adopt_arena(&e, &opts, limit.is_none());
+    if lock_future() {
+        e.pause_pool(true);
+    }
+    THP_ALWAYS.store(engine::os::mman::thp_always(), Release);
+    ENGINE.store(Box::into_raw(Box::new(e)), Release);
+    ENGINE_PID.store(getpid(), Release);
+    STATE.store(READY, Release);
+}
+
+/// Why the engine must not start in this process, if it must not: a seccomp filter may
+/// refuse (or kill the process for) what the engine calls, which also switches the shim off
+/// for good (`SANDBOXED`); a tracer reads memory it cannot wait for the engine to fill
+/// (rights.rs).
+///
+/// # Context
+/// A program thread, from [`start`] (`STATE` at `STARTING`); takes no lock, does not sleep.
+fn refused() -> Option<&'static str> {
+    if engine::os::thread::seccomp_filtered() {
+        SANDBOXED.store(true, Release);
+        Some("the process runs under a seccomp filter")
+    } else if engine::os::thread::traced() {
+        Some("the process is being traced (a debugger reads memory the engine cannot fill for it)")
+    } else {
+        None
+    }
+}
+
+/// `opts` under a finite address-space limit of `limit` bytes: a pool of a thirty-second of it
+/// at most (none under two huge pages), the scrub's watermarks within the pool.
+///
+/// # Context
+/// A program thread, from [`start`] (`STATE` at `STARTING`); takes no lock, does not sleep.
+fn within_address_limit(opts: &mut Options, limit: usize) {
+    let pool = (limit / 32) / PMD_SIZE * PMD_SIZE;
+    opts.pool_max = opts.pool_max.min(pool);
+    if opts.pool_max < 2 * PMD_SIZE {
+        opts.pool = false;
+        opts.pool_max = PMD_SIZE;
+    }
+    opts.scrub_stop = opts.scrub_stop.min(opts.pool_max);
+    opts.scrub_start = opts.scrub_start.min(opts.scrub_stop);
+}
+
+/// The verbose line on engine `e` just started: its userfaultfd, pool and machine state.
+///
+/// # Context
+/// A program thread, from [`start`] (`STATE` at `STARTING`); takes no lock, does not sleep.
+fn say_started(e: &Engine) {
+    let f = e.features();
+    let machine = match e.machine_state() {
+        Ok(()) => "shared with this user's other processes".to_string(),
+        Err(why) => format!("alone ({why})"),
+    };
+    say(&format!(
+        "zerofault: engine started in pid {}: userfaultfd{}, pool {} MiB, machine state {machine}",
+        getpid(),
+        if f.has(engine::Features::MOVE) {
+            " with UFFDIO_MOVE"
+        } else {
+            " without UFFDIO_MOVE (pages are copied)"
+        },
+        e.options().pool_max >> 20
+    ));
+}
+
+/// The arena, served by engine `e`: made once (a forked child keeps its parent's and registers
+/// it again), never under a memory limit (`unlimited` false); where `e` cannot take it, it is
+/// forgotten and large mallocs pass through.
+///
+/// # Context
+/// A program thread, from [`start`] (`STATE` at `STARTING`); takes the engine's registration
+/// lock (in `Engine::adopt`); does not sleep.
+fn adopt_arena(e: &Engine, opts: &Options, unlimited: bool) {
     let mut made_now = false;
-    if ARENA.load(Acquire).is_null() && opts.preload_arena > 0 && limit.is_none() {
+    if ARENA.load(Acquire).is_null() && opts.preload_arena > 0 && unlimited {
         if let Ok(a) = Arena::new(opts.preload_arena) {
             ARENA.store(Box::into_raw(Box::new(a)), Release);
             made_now = true;
@@ -396,13 +437,6 @@ fn start() {
             ARENA.store(std::ptr::null_mut(), Release); // large mallocs pass through
         }
     }
-    if lock_future() {
-        e.pause_pool(true);
-    }
-    THP_ALWAYS.store(engine::os::mman::thp_always(), Release);
-    ENGINE.store(Box::into_raw(Box::new(e)), Release);
-    ENGINE_PID.store(getpid(), Release);
-    STATE.store(READY, Release);
 }
 
 /// The value of the first `environ` entry for which `value_at` gives the offset of its value,

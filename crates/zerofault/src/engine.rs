@@ -177,6 +177,72 @@ pub(crate) struct Shared {
     pub(crate) reg: Mutex<()>,
 }
 
+/// The parts of [`Shared`] that differ between an engine's ([`Engine::start`]) and a detached
+/// state's (`Shared::detached`, for tests); the rest of [`Shared::new`] starts empty.
+struct SharedParts {
+    stage: Vec<mman::Mapping>,
+    uffd: Option<Uffd>,
+    features: Features,
+    pools: Vec<Pool>,
+    zero: ZeroSource,
+    stats: StatsHome,
+    machine: crate::machine::Machine,
+    machine_refused: Option<String>,
+    thp_disabled: bool,
+    doorbell: usize,
+    /// Handler threads: a doorbell, a `handling` bracket and an `inflight` window each.
+    handlers: usize,
+    uffd_identity: Option<FdIdentity>,
+    lending: crate::handback::Lending,
+    budget: crate::budget::Budget,
+    numa: Option<crate::nodes::Nodes>,
+    opts: Options,
+}
+
+impl Shared {
+    /// The one constructor of the shared state, for [`Engine::start`] and the tests'
+    /// `Shared::detached`: `p`, with every flag down, every count zero and the tables empty.
+    fn new(p: SharedParts) -> Shared {
+        Shared {
+            stage: p.stage,
+            uffd: RwLock::new(p.uffd),
+            features: p.features,
+            ranges: RangeTable::default(),
+            pools: p.pools,
+            zero: p.zero,
+            stats: p.stats,
+            stopping: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            streaming: AtomicBool::new(false),
+            pool_paused: AtomicBool::new(false),
+            scrub_parked: AtomicBool::new(false),
+            scrubs_parked: AtomicU32::new(0),
+            exiting: AtomicBool::new(false),
+            machine: p.machine,
+            machine_refused: p.machine_refused,
+            thp_disabled: AtomicBool::new(p.thp_disabled),
+            huge_wanted: AtomicBool::new(false),
+            sparse_run: AtomicU32::new(0),
+            left_alone: AtomicU32::new(0),
+            doorbell: p.doorbell,
+            handling: (0..p.handlers).map(|_| crate::sync::AtomicU64::new(0)).collect(),
+            events: AtomicU64::new(0),
+            predictors: Predictors::default(),
+            inflight: (0..p.handlers).map(|_| fault::Inflight::default()).collect(),
+            event_order: Mutex::new(()),
+            live_handlers: AtomicUsize::new(0),
+            scrubs_working: AtomicUsize::new(0),
+            uffd_identity: p.uffd_identity,
+            lending: p.lending,
+            budget: p.budget,
+            numa: p.numa,
+            next_region: AtomicU64::new(1),
+            reg: Mutex::new(()),
+            opts: p.opts,
+        }
+    }
+}
+
 impl Shared {
     /// Wakes every pool's scrub thread (to refill, or to see the engine stopping or failed).
     pub(crate) fn kick_scrubs(&self) {
@@ -350,6 +416,101 @@ fn within_cgroup(mut opts: Options, cgroup: Option<&sys::cgroup::MemoryCgroup>) 
     opts
 }
 
+/// The doorbells of `handlers` handlers, one page each, registered with `uffd`: their address.
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; maps and registers memory.
+fn doorbells(uffd: &Uffd, handlers: usize) -> Result<usize, EngineError> {
+    let bells = handlers * PAGE_SIZE;
+    let doorbell = mman::map_aligned(bells, PAGE_SIZE, libc::PROT_NONE, true).map_err(EngineError::Map)?;
+    // SAFETY: the doorbells are our own fresh pages; each one's fault is answered by a
+    // handler (or, the descriptor closed, by the kernel).
+    if let Err(e) = unsafe { uffd.register(doorbell, bells) } {
+        // SAFETY: our own pages, known to nobody yet.
+        let _ = unsafe { mman::unmap(doorbell, bells) };
+        return Err(EngineError::Register(e.into()));
+    }
+    Ok(doorbell)
+}
+
+/// The engine's pools (none without the pool knob or `UFFDIO_MOVE`): one per node of `numa`
+/// that takes one, or one as on one node; `huge`: with huge rings, `recycle`: recycling.
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; maps memory.
+fn make_pools(
+    opts: &Options,
+    features: Features,
+    huge: bool,
+    numa: &Option<crate::nodes::Nodes>,
+    recycle: bool,
+) -> Result<Vec<Pool>, EngineError> {
+    if !(opts.pool && features.has(Features::MOVE)) {
+        return Ok(Vec::new());
+    }
+    let nodes: Vec<Option<u32>> = match numa {
+        Some(n) => n.pool_nodes().map(Some).collect(),
+        None => vec![None],
+    };
+    // Under an address-space limit (the shim caps pool_max by it) the nodes share it.
+    let bytes = match (nodes.len(), mman::address_limit()) {
+        (k, Some(_)) if k > 1 => (opts.pool_max / k / PMD_SIZE * PMD_SIZE).max(PMD_SIZE),
+        _ => opts.pool_max,
+    };
+    nodes
+        .iter()
+        .map(|&node| Pool::new(bytes, huge, recycle, node).map_err(EngineError::Map))
+        .collect()
+}
+
+/// The staging areas of `handlers` handlers, one PMD each, when the first of `pools` has a
+/// huge ring; none otherwise.
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; maps memory.
+fn staging_areas(pools: &[Pool], handlers: usize) -> Result<Vec<mman::Mapping>, EngineError> {
+    let mut stage = Vec::new();
+    if pools.first().is_some_and(|p| p.huge.is_some()) {
+        for _ in 0..handlers {
+            let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(EngineError::Map)?;
+            // SAFETY: the staging area is ours; a forked child has no use for it.
+            let _ = unsafe { mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK) };
+            stage.push(m);
+        }
+    }
+    Ok(stage)
+}
+
+/// `pools` with their rings registered with `uffd` for recycling (`opts.recycle`); where
+/// registration is refused, pools made again without recycling (see [`make_pools`]).
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; registers memory (and maps it,
+/// making pools again).
+fn register_rings(
+    opts: &Options,
+    uffd: &Uffd,
+    pools: Vec<Pool>,
+    features: Features,
+    huge: bool,
+    numa: &Option<crate::nodes::Nodes>,
+) -> Result<Vec<Pool>, EngineError> {
+    // Recycled pages move into the rings, which the kernel allows only into ranges
+    // registered with the userfaultfd. Registered last, when nothing can fail before the
+    // handler runs: a registered ring unmapped with the descriptor open and no handler
+    // would wait for ever for its UNMAP event to be read. Where registration is refused,
+    // the rings are unregistered again and there is no recycling.
+    if opts.recycle && pools.iter().any(|p| p.register(uffd).is_err()) {
+        for p in &pools {
+            p.unregister(uffd);
+        }
+        drop(pools);
+        make_pools(opts, features, huge, numa, false)
+    } else {
+        Ok(pools)
+    }
+}
+
 /// One node's pool, as [`Engine::node_pools`] reports it. Counts are pages, as the kernel's
 /// per-node `numastat` counts allocations (pool pages only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -383,6 +544,12 @@ impl Engine {
         Engine::start(opts, StatsHome::Lent(stats))
     }
 
+    /// The engine of [`Engine::new`] and [`Engine::with_stats`]: its userfaultfd, doorbells,
+    /// pools and staging areas, the state they share, then its threads.
+    ///
+    /// # Context
+    /// A program thread (the one starting the engine), with no lock held; takes only the new
+    /// engine's thread list; waits for nothing but its system calls and the threads it spawns.
     fn start(opts: Options, stats: StatsHome) -> Result<Engine, EngineError> {
         opts.validate()?;
         let cgroup = sys::cgroup::MemoryCgroup::find();
@@ -395,109 +562,43 @@ impl Engine {
         let uffd = Uffd::open().map_err(EngineError::Uffd)?;
         let features = uffd.features();
         let handlers = opts.handler_count();
-        let bells = handlers * PAGE_SIZE;
-        let doorbell = mman::map_aligned(bells, PAGE_SIZE, libc::PROT_NONE, true).map_err(EngineError::Map)?;
-        // SAFETY: the doorbells are our own fresh pages; each one's fault is answered by a
-        // handler (or, the descriptor closed, by the kernel).
-        if let Err(e) = unsafe { uffd.register(doorbell, bells) } {
-            // SAFETY: our own pages, known to nobody yet.
-            let _ = unsafe { mman::unmap(doorbell, bells) };
-            return Err(EngineError::Register(e.into()));
-        }
+        let doorbell = doorbells(&uffd, handlers)?;
         let huge = opts.pool_thp && mman::thp_available();
-        let make_pools = |numa: &Option<crate::nodes::Nodes>, recycle: bool| -> Result<Vec<Pool>, EngineError> {
-            if !(opts.pool && features.has(Features::MOVE)) {
-                return Ok(Vec::new());
-            }
-            let nodes: Vec<Option<u32>> = match numa {
-                Some(n) => n.pool_nodes().map(Some).collect(),
-                None => vec![None],
-            };
-            // Under an address-space limit (the shim caps pool_max by it) the nodes share it.
-            let bytes = match (nodes.len(), mman::address_limit()) {
-                (k, Some(_)) if k > 1 => (opts.pool_max / k / PMD_SIZE * PMD_SIZE).max(PMD_SIZE),
-                _ => opts.pool_max,
-            };
-            nodes
-                .iter()
-                .map(|&node| Pool::new(bytes, huge, recycle, node).map_err(EngineError::Map))
-                .collect()
-        };
         // Several nodes with memory: a pool per node (see nodes.rs); where a node's pool cannot
         // be bound, one pool as on one node.
         let mut numa = numa_view();
-        let pools = match make_pools(&numa, opts.recycle) {
+        let pools = match make_pools(&opts, features, huge, &numa, opts.recycle) {
             Err(_) if numa.is_some() => {
                 numa = None;
-                make_pools(&numa, opts.recycle)?
+                make_pools(&opts, features, huge, &numa, opts.recycle)?
             }
             r => r?,
         };
-        let mut stage = Vec::new();
-        if pools.first().is_some_and(|p| p.huge.is_some()) {
-            for _ in 0..handlers {
-                let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(EngineError::Map)?;
-                // SAFETY: the staging area is ours; a forked child has no use for it.
-                let _ = unsafe { mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK) };
-                stage.push(m);
-            }
-        }
+        let stage = staging_areas(&pools, handlers)?;
         let zero = ZeroSource::new().map_err(EngineError::Map)?;
-        // Recycled pages move into the rings, which the kernel allows only into ranges
-        // registered with the userfaultfd. Registered last, when nothing can fail before the
-        // handler runs: a registered ring unmapped with the descriptor open and no handler
-        // would wait for ever for its UNMAP event to be read. Where registration is refused,
-        // the rings are unregistered again and there is no recycling.
-        let pools = if opts.recycle && pools.iter().any(|p| p.register(&uffd).is_err()) {
-            for p in &pools {
-                p.unregister(&uffd);
-            }
-            drop(pools);
-            make_pools(&numa, false)?
-        } else {
-            pools
-        };
+        let pools = register_rings(&opts, &uffd, pools, features, huge, &numa)?;
         let identity = uffd.identity();
         // The engine's producers: its handlers and one scrub per pool.
         let lend_at = opts.lend_at(handlers + pools.len(), sys::thread::allowed_cpus());
         let (machine, machine_refused) = machine_state(&opts);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Shared::new(SharedParts {
             stage,
-            uffd: RwLock::new(Some(uffd)),
+            uffd: Some(uffd),
             features,
-            ranges: RangeTable::default(),
             pools,
             zero,
             stats,
-            stopping: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            streaming: AtomicBool::new(false),
-            pool_paused: AtomicBool::new(false),
-            scrub_parked: AtomicBool::new(false),
-            scrubs_parked: AtomicU32::new(0),
-            exiting: AtomicBool::new(false),
             machine,
             machine_refused,
-            thp_disabled: AtomicBool::new(sys::thread::thp_disabled()),
-            huge_wanted: AtomicBool::new(false),
-            sparse_run: AtomicU32::new(0),
-            left_alone: AtomicU32::new(0),
+            thp_disabled: sys::thread::thp_disabled(),
             doorbell,
-            handling: (0..handlers).map(|_| crate::sync::AtomicU64::new(0)).collect(),
-            events: AtomicU64::new(0),
-            predictors: Predictors::default(),
-            inflight: (0..handlers).map(|_| fault::Inflight::default()).collect(),
-            event_order: Mutex::new(()),
-            live_handlers: AtomicUsize::new(0),
-            scrubs_working: AtomicUsize::new(0),
+            handlers,
             uffd_identity: Some(identity),
             lending: crate::handback::Lending::new(lend_at),
             budget: crate::budget::Budget::new(opts.pool_max, cgroup),
             numa,
-            next_region: AtomicU64::new(1),
-            reg: Mutex::new(()),
             opts,
-        });
+        }));
         // Built before spawning, so that a failed spawn drops an Engine that stops what started
         // (its drop rings one doorbell per handler started).
         let mut engine = Engine {
@@ -1343,43 +1444,24 @@ impl Shared {
             .map(|_| mman::Mapping::new(PMD_SIZE, mman::Thp::Always).expect("staging area"))
             .into_iter()
             .collect();
-        Shared {
+        Shared::new(SharedParts {
             stage,
-            uffd: RwLock::new(None),
+            uffd: None,
             features: Features(Features::WANTED),
-            ranges: RangeTable::default(),
             pools,
             zero: ZeroSource::new().expect("zero source"),
             stats: StatsHome::Own(Box::default()),
-            stopping: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            streaming: AtomicBool::new(false),
-            pool_paused: AtomicBool::new(false),
-            scrub_parked: AtomicBool::new(false),
-            scrubs_parked: AtomicU32::new(0),
-            exiting: AtomicBool::new(false),
             machine: crate::machine::Machine::alone(),
             machine_refused: None,
-            thp_disabled: AtomicBool::new(false),
-            huge_wanted: AtomicBool::new(false),
-            sparse_run: AtomicU32::new(0),
-            left_alone: AtomicU32::new(0),
+            thp_disabled: false,
             doorbell: 0,
-            handling: Box::new([crate::sync::AtomicU64::new(0)]),
-            events: AtomicU64::new(0),
-            predictors: Predictors::default(),
-            inflight: Box::new([fault::Inflight::default()]),
-            event_order: Mutex::new(()),
-            live_handlers: AtomicUsize::new(0),
-            scrubs_working: AtomicUsize::new(0),
+            handlers: 1,
             uffd_identity: None,
             // As on this project's machine: one handler and one scrub on two CPUs.
             lending: crate::handback::Lending::new(opts.lend_at(2, 2)),
             budget: crate::budget::Budget::new(opts.pool_max, None),
             numa: None,
-            next_region: AtomicU64::new(1),
-            reg: Mutex::new(()),
             opts,
-        }
+        })
     }
 }

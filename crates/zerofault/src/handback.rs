@@ -501,29 +501,7 @@ impl<K: Kernel> Handler<'_, K> {
         if self.stage.is_none() || !(range.pmds.wants_huge(page_addr) || own_advice) {
             return false;
         }
-        // An Engine::map region goes whole (its advice is the engine's, and it comes back);
-        // elsewhere only the run of PMDs the program advised huge around the fault: a shim
-        // arena holding many blocks, one of them advised, lends that block alone.
-        let (start, end) = if own_advice {
-            (range.start, range.end())
-        } else {
-            let mut lo = pmd_start(page_addr);
-            while lo >= range.start + PMD_SIZE && range.pmds.wants_huge(lo - PMD_SIZE) {
-                lo -= PMD_SIZE;
-            }
-            // Lent for good (no owner) goes at most a GiB past the fault: under THP `always`
-            // the shim takes a whole reservation for advised.
-            let cap = if range.owner.is_some() {
-                usize::MAX
-            } else {
-                pmd_start(page_addr) + LEND_FOR_GOOD_MAX
-            };
-            let mut hi = pmd_start(page_addr) + PMD_SIZE;
-            while hi < range.end().min(cap) && range.pmds.wants_huge(hi) {
-                hi += PMD_SIZE;
-            }
-            (lo.max(range.start), hi.min(range.end()))
-        };
+        let (start, end) = Self::lend_span(range, page_addr, own_advice);
         let len = end - start;
         let shared = self.shared;
         let _reg = shared.reg_lock();
@@ -579,6 +557,37 @@ impl<K: Kernel> Handler<'_, K> {
         Stats::add(&self.stats().lends, 1);
         Stats::add(&self.stats().pages_lent, pages(len));
         true
+    }
+
+    /// The span of `range` that [`Self::lend`] lends for a fault at `page_addr`, `[start,
+    /// end)` in bytes; `own_advice`: the range's huge-page advice is the engine's.
+    ///
+    /// # Context
+    /// A handler thread, from [`Self::lend`], with no lock held yet; takes none, does not
+    /// sleep.
+    fn lend_span(range: &Range, page_addr: usize, own_advice: bool) -> (usize, usize) {
+        // An Engine::map region goes whole (its advice is the engine's, and it comes back);
+        // elsewhere only the run of PMDs the program advised huge around the fault: a shim
+        // arena holding many blocks, one of them advised, lends that block alone.
+        if own_advice {
+            return (range.start, range.end());
+        }
+        let mut lo = pmd_start(page_addr);
+        while lo >= range.start + PMD_SIZE && range.pmds.wants_huge(lo - PMD_SIZE) {
+            lo -= PMD_SIZE;
+        }
+        // Lent for good (no owner) goes at most a GiB past the fault: under THP `always`
+        // the shim takes a whole reservation for advised.
+        let cap = if range.owner.is_some() {
+            usize::MAX
+        } else {
+            pmd_start(page_addr) + LEND_FOR_GOOD_MAX
+        };
+        let mut hi = pmd_start(page_addr) + PMD_SIZE;
+        while hi < range.end().min(cap) && range.pmds.wants_huge(hi) {
+            hi += PMD_SIZE;
+        }
+        (lo.max(range.start), hi.min(range.end()))
     }
 
     /// Ends the loans that are due, once the pool holds half of `scrub_stop` again: the engine

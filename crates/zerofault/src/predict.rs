@@ -237,10 +237,7 @@ impl Predictor {
             }
             None => {
                 let first = !self.streams.iter().any(|s| s.live);
-                // The least recently used (or an unused) slot opens the new stream.
-                let i = (0..STREAMS)
-                    .min_by_key(|&i| (self.streams[i].live, self.streams[i].last_use))
-                    .unwrap_or(0);
+                let i = self.lru_slot();
                 if first {
                     (i, t.start_order.min(t.max_order), Outcome::Start)
                 } else {
@@ -254,12 +251,7 @@ impl Predictor {
                 }
             }
         };
-        let mut pages = 1u64 << order;
-        if let Some(phase) = f.phase.filter(|_| pages >= PMD_PAGES) {
-            let to = (phase + page + pages + 1).next_multiple_of(PMD_PAGES) - 1 - phase;
-            pages = to - page;
-        }
-        let pages = pages.min(f.end - page);
+        let pages = window_pages(page, order, &f);
         let (streak, passed) = match outcome {
             Outcome::Hit => (self.streams[slot].streak, self.streams[slot].passed),
             _ => (0, false),
@@ -284,6 +276,18 @@ impl Predictor {
             probe,
             stride: 0,
         }
+    }
+
+    /// The slot that opens a new stream: the least recently used, or an unused one.
+    ///
+    /// # Context
+    /// A handler thread, from [`Predictor::on_fault_at`], with the stream's predictor lock held
+    /// (`Predictors::lock`); takes no lock, does not sleep.
+    #[inline]
+    fn lru_slot(&self) -> usize {
+        (0..STREAMS)
+            .min_by_key(|&i| (self.streams[i].live, self.streams[i].last_use))
+            .unwrap_or(0)
     }
 
     /// A fault on a stream's probe: the stream is dense from now on.
@@ -374,6 +378,23 @@ impl Predictor {
             stride,
         }
     }
+}
+
+/// The pages of a window of `2^order` asked for at `page` for fault `f`: with `f.phase`, one
+/// of a PMD or more stretched to end a page short of a PMD boundary (see
+/// `Predictor::on_fault_aligned`); clipped to the region's end.
+///
+/// # Context
+/// A handler thread, from [`Predictor::on_fault_at`], with the stream's predictor lock held;
+/// takes no lock, does not sleep.
+#[inline]
+fn window_pages(page: u64, order: u8, f: &Fault<'_>) -> u64 {
+    let mut pages = 1u64 << order;
+    if let Some(phase) = f.phase.filter(|_| pages >= PMD_PAGES) {
+        let to = (phase + page + pages + 1).next_multiple_of(PMD_PAGES) - 1 - phase;
+        pages = to - page;
+    }
+    pages.min(f.end - page)
 }
 
 /// One fault, for [`Predictor::on_fault_at`].

@@ -261,24 +261,36 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
             done[i] = true;
             continue;
         }
-        if dirty.is_huge() && consumed % PMD_PAGES != 0 {
-            // A huge page moved in part (a clean slot found holding pages part way): the
-            // dirty ring goes by whole slots, so the rest of this one is discarded.
-            let whole = consumed.next_multiple_of(PMD_PAGES);
-            // SAFETY: the rest of the scrub's own batch, zeroed already; discarded.
-            let _ = unsafe { mman::madvise(b.addr + bytes(consumed), bytes(whole - consumed), mman::MADV_DONTNEED) };
-            Stats::add(&stats.pages_purged, whole - consumed);
-            consumed = whole;
-        }
-        dirty.consume(consumed);
-        if dirty.is_huge() {
-            pool.huge_demand_met(consumed / PMD_PAGES);
-        }
-        Stats::add(&stats.pages_scrubbed, consumed);
-        if hot {
-            Stats::add(&stats.pages_scrubbed_hot, consumed);
-        }
+        consume_zeroed(pool, dirty, b.addr, consumed, hot, stats);
         worked = true;
+    }
+}
+
+/// The first `consumed` pages of the dirty batch at `addr` moved into their clean ring
+/// (zeroed `hot` or not): they leave the dirty ring, the rest of a huge page moved in part
+/// discarded with them; a huge ring's demand is met as far.
+///
+/// # Context
+/// A scrub thread, from [`clean_dirty`], holding its pool's work lock (`Pool::step`); takes no
+/// other lock; `MADV_DONTNEED` of the rest of a huge page may wait for the handler to read its
+/// REMOVE event.
+fn consume_zeroed(pool: &Pool, dirty: &DirtyRing, addr: usize, mut consumed: u64, hot: bool, stats: &Stats) {
+    if dirty.is_huge() && consumed % PMD_PAGES != 0 {
+        // A huge page moved in part (a clean slot found holding pages part way): the
+        // dirty ring goes by whole slots, so the rest of this one is discarded.
+        let whole = consumed.next_multiple_of(PMD_PAGES);
+        // SAFETY: the rest of the scrub's own batch, zeroed already; discarded.
+        let _ = unsafe { mman::madvise(addr + bytes(consumed), bytes(whole - consumed), mman::MADV_DONTNEED) };
+        Stats::add(&stats.pages_purged, whole - consumed);
+        consumed = whole;
+    }
+    dirty.consume(consumed);
+    if dirty.is_huge() {
+        pool.huge_demand_met(consumed / PMD_PAGES);
+    }
+    Stats::add(&stats.pages_scrubbed, consumed);
+    if hot {
+        Stats::add(&stats.pages_scrubbed_hot, consumed);
     }
 }
 

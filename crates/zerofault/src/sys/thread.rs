@@ -456,43 +456,9 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
     let tid = dtv + dtv_bytes;
     // The dynamic modules' blocks, above the tid word.
     let dynamic = (tid + 8).next_multiple_of(64);
-    // SAFETY: [block, block + len) is our fresh zeroed read-write mapping (but its guard page);
-    // every write below lands inside it: static module blocks end at tp (offset >= memsz), the
-    // DTV and the tid word are above the TCB, the dynamic blocks above those (dynamic_bytes).
-    unsafe {
-        for m in &layout.modules[..layout.n] {
-            std::ptr::copy_nonoverlapping(m.image as *const u8, (tp - m.offset) as *mut u8, m.filesz);
-        }
-        let slots = dtv as *mut [usize; 2];
-        (*slots)[0] = DTV_SLOTS; // dtv[-1].counter: slots allocated
-                                 // dtv[0].counter: the TLS generation this vector is up to date with. The highest there
-                                 // is: glibc's __tls_get_addr then never updates the vector (which would drop the
-                                 // blocks set below and allocate new ones with malloc); it finds every block here.
-        (*slots.add(1))[0] = usize::MAX;
-        for i in 1..=DTV_SLOTS {
-            (*slots.add(1 + i))[0] = DTV_UNALLOCATED;
-        }
-        for m in &layout.modules[..layout.n] {
-            if m.modid <= DTV_SLOTS {
-                *slots.add(1 + m.modid) = [tp - m.offset, 0];
-            }
-        }
-        let mut at = dynamic;
-        for m in &layout.modules[layout.n..layout.n + layout.dynamic] {
-            at = at.next_multiple_of(m.align);
-            std::ptr::copy_nonoverlapping(m.image as *const u8, at as *mut u8, m.filesz);
-            // [address, to_free]: nothing for glibc to free.
-            *slots.add(1 + m.modid) = [at, 0];
-            at += m.memsz;
-        }
-        let tcb = tp as *mut usize;
-        *tcb = tp; // header.tcb
-        *tcb.add(1) = dtv + 16; // header.dtv points at dtv[0]
-        *tcb.add(2) = tp; // header.self
-        *(tp as *mut u32).add(6) = 1; // header.multiple_threads
-        *tcb.add(5) = tcb_word(0x28); // header.stack_guard
-        *tcb.add(6) = tcb_word(0x30); // header.pointer_guard
-    }
+    // SAFETY: [block, block + len) is our fresh zeroed read-write mapping (but its guard page),
+    // laid out above as `set_up_tls` asks.
+    unsafe { set_up_tls(layout, tp, dtv, dynamic) };
     mark_multi_threaded();
     let arg = Box::into_raw(Box::new(start)).cast::<libc::c_void>();
     let flags = libc::CLONE_VM
@@ -526,6 +492,59 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
         len,
         tid: tid as *const AtomicU32,
     })
+}
+
+/// Fills a new engine thread's TLS, DTV and thread control block (at thread pointer `tp`, the
+/// DTV at `dtv`, the dynamic modules' blocks from `dynamic`) from `layout`, as glibc would.
+///
+/// # Safety
+/// The memory below `tp` for the static modules' blocks, the TCB at `tp`, the DTV at `dtv`
+/// (`DTV_SLOTS + 2` slots of 16 bytes) and `layout.dynamic_bytes()` from `dynamic` must be a
+/// fresh zeroed read-write mapping of the caller's that no one else uses yet.
+///
+/// # Context
+/// The thread spawning an engine thread (from `spawn_impl`), before the clone; takes no lock,
+/// does not sleep.
+#[cfg(target_arch = "x86_64")]
+unsafe fn set_up_tls(layout: &TlsLayout, tp: usize, dtv: usize, dynamic: usize) {
+    // SAFETY: every write below lands inside the caller's mapping: static module blocks end
+    // at tp (offset >= memsz), the DTV and the tid word are above the TCB, the dynamic blocks
+    // above those (dynamic_bytes).
+    unsafe {
+        for m in &layout.modules[..layout.n] {
+            std::ptr::copy_nonoverlapping(m.image as *const u8, (tp - m.offset) as *mut u8, m.filesz);
+        }
+        let slots = dtv as *mut [usize; 2];
+        // dtv[-1].counter: slots allocated.
+        (*slots)[0] = DTV_SLOTS;
+        // dtv[0].counter: the TLS generation this vector is up to date with. The highest there
+        // is: glibc's __tls_get_addr then never updates the vector (which would drop the
+        // blocks set below and allocate new ones with malloc); it finds every block here.
+        (*slots.add(1))[0] = usize::MAX;
+        for i in 1..=DTV_SLOTS {
+            (*slots.add(1 + i))[0] = DTV_UNALLOCATED;
+        }
+        for m in &layout.modules[..layout.n] {
+            if m.modid <= DTV_SLOTS {
+                *slots.add(1 + m.modid) = [tp - m.offset, 0];
+            }
+        }
+        let mut at = dynamic;
+        for m in &layout.modules[layout.n..layout.n + layout.dynamic] {
+            at = at.next_multiple_of(m.align);
+            std::ptr::copy_nonoverlapping(m.image as *const u8, at as *mut u8, m.filesz);
+            // [address, to_free]: nothing for glibc to free.
+            *slots.add(1 + m.modid) = [at, 0];
+            at += m.memsz;
+        }
+        let tcb = tp as *mut usize;
+        *tcb = tp; // header.tcb
+        *tcb.add(1) = dtv + 16; // header.dtv points at dtv[0]
+        *tcb.add(2) = tp; // header.self
+        *(tp as *mut u32).add(6) = 1; // header.multiple_threads
+        *tcb.add(5) = tcb_word(0x28); // header.stack_guard
+        *tcb.add(6) = tcb_word(0x30); // header.pointer_guard
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
