@@ -641,7 +641,7 @@ impl Engine {
 
     /// Maps `len` bytes (rounded up to pages) of anonymous private memory, 2 MiB aligned,
     /// registered with the engine. `MADV_NOHUGEPAGE`: the kernel does not try a huge page of
-    /// its own on each fault there (~78 µs, wasted on a registered range); the engine still
+    /// its own on each fault there (wasted on a registered range: docs/DESIGN.md, "Huge pages"); the engine still
     /// moves huge pages into its whole PMDs.
     ///
     /// With the engine failed open, returns plain memory that the kernel serves.
@@ -842,8 +842,8 @@ impl Engine {
     /// engine serves) before its first whole PMD, from the calling thread: copies of the zero
     /// source (grow.rs says why not pool pages). For the part a block just grew by (the
     /// shim's `realloc` and `mremap`), which the program writes next: served by faults, a
-    /// block grown by 64 KiB steps paid a round trip per step and ran 5x slower than the
-    /// kernel's own faults (`regrow_memset`). Whole PMDs are left to the windows, which give
+    /// block grown by 64 KiB steps paid a round trip per step and ran slower than the kernel's
+    /// own faults (docs/DESIGN.md, "Blocks that grow in small steps"). Whole PMDs are left to the windows, which give
     /// them huge pages (4 KiB pages put here would keep them 4 KiB for good), and so is what
     /// the program has not written yet of a large growth (a vector that doubled).
     /// Pages someone else claimed are left alone, and whatever does not go in faults as usual.
@@ -936,7 +936,8 @@ impl Engine {
     /// Whether a new mapping of the program's is better left to the kernel: the last
     /// [`SPARSE_BACKOFF`] ranges were each found sparse and given back to their end
     /// (a program that maps, touches one page in 16 and unmaps, in a loop, paid a
-    /// registration, two round trips and a hand-back a mapping: 2.6x native). Now and then
+    /// registration, two round trips and a hand-back a mapping, well over the kernel's cost:
+    /// docs/DESIGN.md, "Sparse streams"). Now and then
     /// one is taken all the same, to look again: after [`SPARSE_BACKOFF`] left alone, then
     /// twice as many each time that one is sparse too, up to 64; dense evidence anywhere ends
     /// the backoff. A mapping next to served memory is always taken (see the shim's mmap

@@ -11,7 +11,7 @@
 //! range whose misses lie far apart (a sparse stride through a huge reservation). The
 //! measurements behind the thresholds are in docs/DESIGN.md.
 //!
-//! **Lending** (issue 12: never slower than the kernel). When the pool cannot keep up, every
+//! **Lending** (never slower than the kernel). When the pool cannot keep up, every
 //! page of a stream is made while its thread waits, at about 1.6 times the CPU the kernel's
 //! own huge-page fault spends on it (a populate, a move, a round trip; docs/SCALING.md). With
 //! idle CPUs the engine still wins: its producers (the scrub, the handlers) make pages on
@@ -45,13 +45,12 @@ const SPARSE_PAGES_PER_MISS: u64 = 64 * PMD_PAGES;
 
 /// How far past a sparse stream's fault its way goes back to the kernel, at least: 256 MiB,
 /// or [`SPARSE_STRIDES`] strides. Finding a stream sparse again past it costs three to six
-/// round trips and a hand-back, ~0.2 ms here. At 64 MiB a stride of 64 KiB over 2 GiB (32
-/// hand-backs) lost 15% to native (touch loop 48.0 against 41.8 ms), at 256 MiB 4% (48.9
-/// against 46.9).
+/// round trips and a hand-back: a reach of 64 MiB lost a strided writer a sixth of its time
+/// to native, 256 MiB a twenty-fifth (docs/DESIGN.md, "Sparse streams").
 pub(crate) const SPARSE_REACH: u64 = 128 * PMD_PAGES;
-/// Strides of a sparse stream given back at once, at least: a stream touching one page in 64
-/// or fewer takes 2.7 ms natively for 4096 touches here; given back 1024 strides at a time it
-/// lost 14% (1.5 ms in 10.5 for 2 GiB), 6% at 4096.
+/// Strides of a sparse stream given back at once, at least: given back 1024 strides at a time,
+/// a stream touching one page in 64 or fewer lost a seventh of its time to native, at 4096 a
+/// sixteenth (docs/DESIGN.md, "Sparse streams").
 const SPARSE_STRIDES: u64 = 4096;
 
 /// Misses this far apart, each from the one before, are scattered ones (see [`MissRun`]). A
@@ -65,13 +64,13 @@ const SCATTER_PAGES: u64 = 4 * PMD_PAGES;
 /// After `limit` misses in a row the span they fell in goes back to the kernel; after half as
 /// many, and more than the predictor's [`STREAMS`] per thread, when one thread made them all
 /// and each fell [`SCATTER_PAGES`] or more from the one before it. Each fault before the
-/// hand-back costs a round trip (25-70 us on a KVM guest, against 1.5 us for the kernel's own
-/// fault), so random access spread over a region is handed back after 6 faults instead of 9
-/// (the stream's start and 5 misses; measured in docs/DESIGN.md). Misses close together, the
+/// hand-back costs a round trip (tens of kernel faults: docs/DESIGN.md, "Handing random access
+/// back"), so random access spread over a region is handed back after 6 faults instead of 9
+/// (the stream's start and 5 misses; docs/DESIGN.md). Misses close together, the
 /// way a sequential writer stumbles, still get the whole `limit`, and so do:
 /// - a thread opening its streams: a column store writing its columns round-robin misses once
-///   per stream before the first hit (a review found 4 columns of 64 MiB losing their region
-///   to an early trip at 4);
+///   per stream before the first hit (4 columns of 64 MiB lost their region to an early trip
+///   at 4);
 /// - threads each writing their own part of one region: each misses where its part starts
 ///   again after a discard (`verify`'s recycle-threads pattern lost its region that way before
 ///   the rule asked for one thread);
@@ -161,8 +160,8 @@ fn pmd_span(lo: u64, hi: u64, pages: u64, phase: u64) -> (u64, u64) {
 /// count for nothing either way, so that threads starting together on an engine just started,
 /// its pool still empty, are not taken for starved ones).
 pub(crate) const STARVED_WINDOWS: u32 = 8;
-/// A thread counts as faulting for this long after its last fault (a cold window of 8 MiB
-/// takes 1.5-4 ms to make here).
+/// A thread counts as faulting for this long after its last fault (longer than a cold window
+/// of 8 MiB takes to make: docs/SCALING.md).
 pub(crate) const ACTIVE_WITHIN: Duration = Duration::from_millis(10);
 /// How recent the staging populate that lending weighs (`lend_populate_max`) must be.
 pub(crate) const LEND_POPULATE_WITHIN: Duration = Duration::from_secs(1);
@@ -490,7 +489,8 @@ impl<K: Kernel> Handler<'_, K> {
     /// Only where the kernel's own fault takes huge pages: the program advised them at the
     /// fault (or THP is `always` there), or the advice is the engine's own (an `Engine::map`
     /// region, advised `MADV_HUGEPAGE` for the loan). Elsewhere the kernel would fault 4 KiB
-    /// pages at ~1,500 ns each, slower than the engine starved (~800 ns a page).
+    /// pages, slower than the engine starved (docs/SCALING.md, "The hand-back rule for T >= N:
+    /// lending").
     ///
     /// A range with an owner (a Region) is taken back later ([`Self::retake`]); one without
     /// (the shim's, the program's own mappings) stays the kernel's, as after a hand-back:

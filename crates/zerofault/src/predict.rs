@@ -7,7 +7,7 @@
 //! max order 3); any other fault reset the order to 0. It stopped at the VMA end and at a page
 //! table boundary.
 //!
-//! Here each fault is a round trip through a handler thread (~15 µs, ten native faults), so
+//! Here each fault is a round trip through a handler thread (about ten native faults), so
 //! the window starts larger and grows faster than the seed's, and goes further:
 //! - **max order 11** (2048 pages, 8 MiB): past it the gain is under 10%, and the window is also
 //!   what a writer that stops may leave unused (`ZEROFAULT_MAX_ORDER` raises it).
@@ -30,7 +30,7 @@
 //! stream when it lands in the window that stream would install next: `[next, next + 2^order)`,
 //! so a writer whose stride is under the window faults exactly where a sequential one would.
 //!
-//! ## Sparse streams (issue 27: sparse access never fills memory the program did not touch)
+//! ## Sparse streams (sparse access never fills memory the program did not touch)
 //! Faults alone cannot tell a writer of every page from one of every other page: both fault
 //! at the end of each window. So a stream's first window leaves out a **probe**, the page
 //! after the fault's: a dense writer touches it (one more round trip, once per stream), and

@@ -49,7 +49,7 @@ pub(crate) const BATCH_PAGES: u64 = PMD_PAGES;
 
 /// How long a move is retried after an EAGAIN that moved nothing: an event is pending
 /// (mmap_changing) for the handler to read. It reads it within microseconds when idle, but
-/// not while it makes a huge page itself (0.2-4 ms on this guest): with 64 quick retries, a
+/// not while it makes a huge page itself (a populate of 2 MiB): with 64 quick retries, a
 /// two-thread allocate/free loop discarded up to a fifth of the pages it freed (4 runs of 12,
 /// the binary before windows ahead included). Yields the CPU between tries, then sleeps.
 pub(crate) const AGAIN_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
@@ -381,8 +381,8 @@ impl Shared {
         // SAFETY: the caller asked for the range to be discarded; what was moved out is a hole
         // already, and the rest goes as MADV_DONTNEED would take it.
         unsafe { mman::madvise(addr, len, mman::MADV_DONTNEED) }?;
-        // Probed by the scrub at start, never here: the probe costs a short program's free
-        // 1-1.5 ms (DESIGN.md, "A short program").
+        // Probed by the scrub at start, never here: the probe would cost a short program's
+        // free more than the free itself (DESIGN.md, "A short program").
         if mman::pt_reclaim_known() == Some(true) {
             // Its whole PMDs hold no page table now: huge pages may go there again (else a
             // PMD that once took 4 KiB pages would take them for good).

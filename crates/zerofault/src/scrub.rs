@@ -426,9 +426,8 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
 /// and it rests [`REST_MIN`], doubling up to [`REST_MAX`] while that lasts; the handlers copy
 /// meanwhile, as the kernel would zero. Never `SCHED_IDLE`: a thread at `SCHED_IDLE` that
 /// SIGKILL finds at work on a busy machine may be the process's last thread out and then runs
-/// the address space's teardown at almost no CPU (`shared/repro/round2/k_hold.c`: 22-82 s to
-/// reaped beside `stress-ng --cpu 2`, 0.2 s natively). DESIGN.md, "Exit" and "A busy
-/// machine".
+/// the address space's teardown at almost no CPU (`shared/repro/round2/k_hold.c`, beside CPU
+/// hogs: DESIGN.md, "Exit" and "A busy machine").
 #[derive(Debug)]
 struct Share {
     /// (ran, waited) when the current sample began.
@@ -475,7 +474,7 @@ impl Share {
         if self.until.is_some_and(|t| now < t) {
             return false;
         }
-        // Its CPU time from the clock: schedstat's lags by up to a tick (4-10 ms), as long as
+        // Its CPU time from the clock: schedstat's lags by up to a scheduler tick, as long as
         // a sample.
         let times = thread::run_delay().map(|w| (nanos(clock.read()), w));
         if !self.decide(times, now) {
@@ -702,8 +701,8 @@ const QUIET: Duration = Duration::from_millis(1);
 
 /// Waits, before a refill step, while the program is faulting (a fault read within [`QUIET`])
 /// and the pool still holds more than `reserve` pages (one largest window): populating then
-/// competes with the faulting program for the CPU and the memory bus (measured with the
-/// shim's burst program: a burst that overlapped refills took 2-3 ms longer, of 2), and a
+/// competes with the faulting program for the CPU and the memory bus (a burst that
+/// overlapped refills took over twice as long: docs/DESIGN.md, "A busy machine"), and a
 /// program that frees what it touched brings the pages back anyway.
 ///
 /// And while the program grows blocks (`grow_fills` within [`QUIET`]), however empty the

@@ -183,9 +183,9 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
 
 /// A handler polls after a burst only if the idle spell before it lasted at most this many
 /// times `handler_spin`: faults coming close together (the spell before includes both
-/// wake-ups, 60-120 us), not a sequential stream's faults a window apart (~300 us warm), where
-/// each poll would be CPU taken from the program for nothing (measured: 1.9 ms a GiB, the warm
-/// stream 5-8% slower, when every burst was followed by a poll).
+/// wake-ups), not a sequential stream's faults a window apart, where each poll would be CPU
+/// taken from the program for nothing (a warm stream ran slower when every burst was
+/// followed by a poll: docs/DESIGN.md, "A short poll").
 const SPIN_AFTER: u32 = 4;
 
 /// Polls `uffd` for a message for at most `spin`, unless the threads writing fresh memory
@@ -203,10 +203,10 @@ const SPIN_AFTER: u32 = 4;
 /// thread, and the poll lasts `spin` at most after a burst.
 ///
 /// A handler that sleeps on an idle virtual CPU is woken by an interrupt the hypervisor
-/// delivers, 40-50 us on this project's KVM guest (no halt polling there); the faulting
-/// thread's wake-up pays the same on its side. Faults that come close together (random first
-/// touches before their hand-back, a cold stream's windows) save one of the two by this poll
-/// (measured: 60-70 us a round trip asleep, 25-45 us polling; docs/DESIGN.md).
+/// delivers (without halt polling, a VM exit and entry); the faulting thread's wake-up pays the
+/// same on its side. Faults that come close together (random first touches before their
+/// hand-back, a cold stream's windows) save one of the two by this poll (docs/DESIGN.md, "A
+/// short poll").
 fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: usize) -> bool {
     let busy =
         shared.lending.faulters.active() + shared.live_handlers.load(Relaxed) + shared.scrubs_working.load(Relaxed);
@@ -484,7 +484,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
 
     /// With several NUMA nodes, works out where the pages of the fault at `addr` by thread
     /// `tid` come from, in the kernel's order (`nodes.rs`): the policy of the mapping
-    /// (`get_mempolicy` on the address, 0.16 µs here: read on every fault, so that a policy
+    /// (`get_mempolicy` on the address, cheap: read on every fault, so that a policy
     /// set by any means, a raw `mbind` system call too, is seen at once), else the policy the
     /// handler inherited from the thread that started the engine; and for the local policy the
     /// node of the CPU the thread faulted on. The first node becomes this handler's preferred
@@ -493,9 +493,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// one, still comes first: the kernel applies it). One node: nothing is done.
     pub(crate) fn choose_nodes(&mut self, tid: u32, addr: usize) {
         let Some(n) = self.shared.numa.as_ref() else { return };
-        // Reading the thread's CPU costs ~1.9 µs here (open, read, close of its stat file; 4 µs
-        // with the machine busy), an eighth to a quarter of a fault's round trip: a thread's
-        // node is kept for NODE_TTL.
+        // Reading the thread's CPU (open, read, close of its stat file) costs a good part of a
+        // fault's round trip (docs/DESIGN.md, "NUMA nodes"): a thread's node is kept for
+        // NODE_TTL.
         let now = Instant::now();
         let slot = &mut self.thread_nodes[tid as usize % THREAD_NODES];
         let local = match *slot {

@@ -311,8 +311,8 @@ impl<K: Kernel> Handler<'_, K> {
     fn ahead_in_fault(&self, range: &Range, page: u64, want: u64, ready: u64, end: u64) -> u64 {
         // Part of this window, installed before the thread is woken; but only as far
         // as the pool's ready huge pages (or, without a huge ring, 4 KiB pages) reach:
-        // making each huge page here, 0.2-4 ms, would hold every other thread's fault
-        // behind this one.
+        // making each huge page here (a populate each) would hold every other thread's
+        // fault behind this one.
         let target = (page + want).min(page + ready).min(range.pages);
         let cut = pmd_start(range.addr_of(target));
         let to = if target == range.pages {

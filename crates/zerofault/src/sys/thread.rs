@@ -658,9 +658,9 @@ fn set_sched_attr(attr: &SchedAttr) -> bool {
 }
 
 /// Asks the scheduler for the shortest time slice it grants (EEVDF's custom slice, Linux
-/// 6.12: `sched_runtime` 0.1 ms) at the thread's own policy and nice: a thread that wakes with
-/// a shorter slice has an earlier deadline and runs at once where one with the default slice
-/// (3 ms) waits behind the thread on the CPU. Its share of the CPU stays what its nice gives.
+/// 6.12: `sched_runtime` at its minimum, 100 us) at the thread's own policy and nice: a thread
+/// that wakes with a shorter slice has an earlier deadline and runs at once where one with the
+/// default slice waits behind the thread on the CPU. Its share of the CPU stays what its nice gives.
 /// For a thread that runs briefly each time it wakes (a fault handler). Only a thread at
 /// `SCHED_OTHER` or `SCHED_BATCH`: any other policy is the program's choice (real-time, idle,
 /// sched_ext) and is left as it is. Whether the call was accepted (a kernel before 6.12
