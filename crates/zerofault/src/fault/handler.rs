@@ -89,18 +89,20 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let Some(uffd) = guard.as_ref() else { return };
     let mut h = Handler::nth(&shared, uffd, index);
     let several = shared.handling.len() > 1;
-    let timeout = several.then_some(FAILED_POLL);
     // One handler reads every pending message at once. Several read one each: a batch read by
     // one would be served one after the other while the others find nothing to read (measured:
     // with 2 handlers and 4 writing threads the second served none of 120 faults).
     let batch = if several { 1 } else { BATCH };
     let mut buf = [Msg::Fork; BATCH];
-    let clock = ThreadClock::current();
-    let (mut counted, mut last_count) = (Duration::ZERO, Instant::now());
-    // When the current idle spell began (None: messages are being read), and how long the
-    // last one lasted: a poll (`handler_spin`) begins a spell only when the last was short.
-    let (mut idle_from, mut last_idle) = (None::<Instant>, Duration::MAX);
-    let cpus = crate::sys::thread::allowed_cpus();
+    let mut idle = Idle {
+        clock: ThreadClock::current(),
+        counted: Duration::ZERO,
+        last_count: Instant::now(),
+        from: None,
+        last: Duration::MAX,
+        cpus: crate::sys::thread::allowed_cpus(),
+        timeout: several.then_some(FAILED_POLL),
+    };
     // Until the doorbell rings: a stop is only orderly once every fault queued before it was
     // answered.
     while !h.rung && h.fatal.is_none() && !shared.failed.load(Acquire) {
@@ -112,22 +114,12 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         // returned because its event was read sees the event counted by Engine::stats.
         let bracket = &shared.handling[index];
         bracket.fetch_add(1, SeqCst);
-        // Several handlers read in turn, and apply the events they read before the next read
-        // (see `Handler::read_ordered`); one handler reads and handles as before.
-        let order = several.then(|| shared.event_order.lock().unwrap_or_else(|e| e.into_inner()));
-        h.seq = shared.ranges.seq();
-        let read = Kernel::read(uffd, &mut buf[..batch]);
-        let read = match (read, order) {
-            (Ok(1), Some(order)) if !matches!(buf[0], Msg::PageFault { .. }) => {
-                h.handle(buf[0]);
-                drop(order);
+        let n = match read_batch(&mut h, uffd, &shared, &mut buf[..batch], several) {
+            Ok(Some(n)) => n,
+            Ok(None) => {
                 bracket.fetch_add(1, SeqCst);
                 continue;
             }
-            (read, _) => read,
-        };
-        let n = match read {
-            Ok(n) => n,
             Err(_) => {
                 bracket.fetch_add(1, SeqCst);
                 break; // the descriptor is unusable: fail open
@@ -135,36 +127,12 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         };
         if n == 0 {
             bracket.fetch_add(1, SeqCst);
-            if last_count.elapsed() > Duration::from_millis(1) {
-                let now = clock.read();
-                Stats::add(&shared.stats.handler_cpu_ns, nanos(now - counted));
-                (counted, last_count) = (now, Instant::now());
-            }
-            // Nothing pending: a loan may end now. While any is out, the wait is bounded, so
-            // that an idle handler still looks (the program may fault only where it lent).
-            h.retake();
-            if idle_from.is_none() {
-                idle_from = Some(Instant::now());
-                let spin_for = h.opts.handler_spin;
-                if last_idle <= spin_for.saturating_mul(SPIN_AFTER) && spin(uffd, &shared, spin_for, cpus) {
-                    if !uffd.still_ours() {
-                        break; // closed or replaced behind our back: fail open
-                    }
-                    continue;
-                }
-            }
-            let timeout = match timeout {
-                None if shared.lending.any() => Some(crate::handback::RETAKE_AFTER),
-                t => t,
-            };
-            if uffd.wait(timeout).is_err() || !uffd.still_ours() {
+            if !idle.wait(&mut h, uffd, &shared) {
                 break; // closed or replaced behind our back: fail open
             }
             continue;
         }
-        if let Some(t) = idle_from.take() {
-            last_idle = t.elapsed();
-        }
+        idle.ends();
         for (i, &m) in buf[..n].iter().enumerate() {
             h.batch_left = n - i - 1;
             h.handle(m);
@@ -176,9 +144,93 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         Stats::add(&shared.stats.fail_opens, 1);
         Stats::add(&shared.stats.fail_open_errno, u64::from(e.0.unsigned_abs()));
     }
-    let now = clock.read();
-    Stats::add(&shared.stats.handler_cpu_ns, nanos(now.saturating_sub(counted)));
+    let now = idle.clock.read();
+    Stats::add(&shared.stats.handler_cpu_ns, nanos(now.saturating_sub(idle.counted)));
     fail_open.orderly = h.rung;
+}
+
+/// Reads up to `buf.len()` messages. Several handlers read in turn, and apply the events they
+/// read before the next read (see `Handler::read_ordered`): an event read alone is handled
+/// here, under the order, and `Ok(None)` returned; one handler reads and handles as before.
+/// `Ok(Some(n))`: `n` messages in `buf` to handle (0: nothing pending).
+///
+/// # Context
+/// A handler thread; with several handlers, takes `event_order` for the read (and the event's
+/// handling); the read does not block.
+fn read_batch(
+    h: &mut Handler<'_, Uffd>,
+    uffd: &Uffd,
+    shared: &Shared,
+    buf: &mut [Msg],
+    several: bool,
+) -> Result<Option<usize>, Errno> {
+    let order = several.then(|| shared.event_order.lock().unwrap_or_else(|e| e.into_inner()));
+    h.seq = shared.ranges.seq();
+    let read = Kernel::read(uffd, buf);
+    match (read, order) {
+        (Ok(1), Some(order)) if !matches!(buf[0], Msg::PageFault { .. }) => {
+            h.handle(buf[0]);
+            drop(order);
+            Ok(None)
+        }
+        (read, _) => read.map(Some),
+    }
+}
+
+/// A handler's time between messages: the CPU time it counted, its idle spells, and how it
+/// waits for the next message.
+struct Idle {
+    clock: ThreadClock,
+    /// The thread's CPU time when last added to `handler_cpu_ns`, and when that was.
+    counted: Duration,
+    last_count: Instant,
+    /// When the current idle spell began (None: messages are being read), and how long the
+    /// last one lasted: a poll (`handler_spin`) begins a spell only when the last was short.
+    from: Option<Instant>,
+    last: Duration,
+    /// The CPUs the process may run on, when the handler started.
+    cpus: usize,
+    /// The wait's bound: with several handlers, each looks now and then whether another
+    /// failed open.
+    timeout: Option<Duration>,
+}
+
+impl Idle {
+    /// Nothing was pending: counts the CPU time spent, lets a loan end, then polls (after a
+    /// short spell) or waits for the next message. False when the descriptor was closed or
+    /// replaced behind the engine's back (the handler fails open).
+    ///
+    /// # Context
+    /// A handler thread, between messages; takes no lock; sleeps in the wait.
+    fn wait(&mut self, h: &mut Handler<'_, Uffd>, uffd: &Uffd, shared: &Shared) -> bool {
+        if self.last_count.elapsed() > Duration::from_millis(1) {
+            let now = self.clock.read();
+            Stats::add(&shared.stats.handler_cpu_ns, nanos(now - self.counted));
+            (self.counted, self.last_count) = (now, Instant::now());
+        }
+        // Nothing pending: a loan may end now. While any is out, the wait is bounded, so
+        // that an idle handler still looks (the program may fault only where it lent).
+        h.retake();
+        if self.from.is_none() {
+            self.from = Some(Instant::now());
+            let spin_for = h.opts.handler_spin;
+            if self.last <= spin_for.saturating_mul(SPIN_AFTER) && spin(uffd, shared, spin_for, self.cpus) {
+                return uffd.still_ours();
+            }
+        }
+        let timeout = match self.timeout {
+            None if shared.lending.any() => Some(crate::handback::RETAKE_AFTER),
+            t => t,
+        };
+        uffd.wait(timeout).is_ok() && uffd.still_ours()
+    }
+
+    /// Messages came: the idle spell, if one was on, is over.
+    fn ends(&mut self) {
+        if let Some(t) = self.from.take() {
+            self.last = t.elapsed();
+        }
+    }
 }
 
 /// A handler polls after a burst only if the idle spell before it lasted at most this many
