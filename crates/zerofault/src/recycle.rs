@@ -444,7 +444,6 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
     // Pools whose small or huge dirty ring stopped taking pages (full, or a refusal that
     // would repeat), by `tried_bit`.
     let (mut small_closed, mut huge_closed, mut busy) = (0u64, 0u64, 0u32);
-    let bit = crate::fault::tried_bit;
     let mut runs = Vec::new();
     let mut at = a;
     while at < b {
@@ -460,31 +459,7 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
         // A whole PMD the engine filled with a huge page (no page table: see thp.rs).
         let whole = at % PMD_SIZE == 0 && seg_end == pmd_end && claimed == PMD_PAGES && !range.pmds.has_table(at);
         if whole {
-            let mut node = [0i32];
-            homes.nodes(&[at], &mut node);
-            let home = homes.of_node(node[0]);
-            match home.and_then(|(ix, pool)| {
-                let ring = pool.dirty_huge.as_ref()?;
-                (huge_closed & bit(ix) == 0 && pool.room() >= PMD_PAGES).then_some((ix, ring))
-            }) {
-                Some((ix, ring)) => {
-                    let p = ring.put(at, PMD_PAGES, &mut mv);
-                    done.pages += p.moved;
-                    done.huge_pages += p.moved;
-                    if p.refused.is_some() || p.full {
-                        done.discarded += PMD_PAGES - p.consumed;
-                    }
-                    // A refusal is this huge page's (shared after a fork, a window still
-                    // being installed there): the next one may move. A full ring or a range
-                    // that moves nothing at all (EINVAL: mlocked, other protection) ends it.
-                    if p.full || p.refused == Some(Errno(libc::EINVAL)) {
-                        huge_closed |= bit(ix);
-                    }
-                }
-                // Moving a huge page out in 4 KiB pieces would split it (most of a millisecond):
-                // it goes with the MADV_DONTNEED. So does one whose node has no pool.
-                None => done.discarded += PMD_PAGES,
-            }
+            recycle_huge(&homes, at, &mut huge_closed, &mut mv, &mut done);
             range.map.clear(first, n);
             at = seg_end;
             continue;
@@ -492,53 +467,16 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
         runs.clear();
         range.map.claimed_runs(first, n, &mut runs);
         for &(p0, np) in &runs {
+            let mut small = Small {
+                closed: &mut small_closed,
+                busy: &mut busy,
+            };
             if !homes.per_node {
                 // One pool: the whole run at once.
-                let mut stretch = Stretch {
-                    home: homes.of_node(0),
-                    closed: &mut small_closed,
-                    busy: &mut busy,
-                };
-                stretch.put(range, p0, np, &mut mv, &mut done);
+                small.stretch(homes.of_node(0)).put(range, p0, np, &mut mv, &mut done);
                 continue;
             }
-            let mut q = 0;
-            'run: while q < np {
-                // The nodes of the next pages of the run, then each stretch on one node.
-                let k = usize::try_from(np - q).map_or(NODE_QUERY, |r| r.min(NODE_QUERY));
-                let mut addrs = [0usize; NODE_QUERY];
-                let mut nodes = [0i32; NODE_QUERY];
-                for (i, a) in addrs[..k].iter_mut().enumerate() {
-                    *a = range.addr_of(p0 + q + i as u64);
-                }
-                homes.nodes(&addrs[..k], &mut nodes[..k]);
-                // A page not there (negative) goes with its neighbours: the move skips holes.
-                let mut last = nodes[..k].iter().copied().find(|&n| n >= 0).unwrap_or(-1);
-                for v in nodes[..k].iter_mut() {
-                    if *v < 0 {
-                        *v = last;
-                    }
-                    last = *v;
-                }
-                let mut i = 0;
-                while i < k {
-                    let node = nodes[i];
-                    let len = nodes[i..k].iter().take_while(|&&n| n == node).count();
-                    let start = p0 + q + i as u64;
-                    let mut stretch = Stretch {
-                        home: homes.of_node(node),
-                        closed: &mut small_closed,
-                        busy: &mut busy,
-                    };
-                    if !stretch.put(range, start, len as u64, &mut mv, &mut done) {
-                        // Events kept coming: the rest of the run goes with the discard too.
-                        done.discarded += np - (q + (i + len) as u64);
-                        break 'run;
-                    }
-                    i += len;
-                }
-                q += k as u64;
-            }
+            recycle_run_by_node(&homes, range, (p0, np), &mut small, &mut mv, &mut done);
         }
         range.map.clear(first, n);
         at = seg_end;
@@ -549,6 +487,117 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
         pages(b - a)
     );
     done
+}
+
+/// A whole PMD the engine filled with a huge page, at `at`: moved whole into the huge dirty
+/// ring of its node's pool, unless that ring stopped taking pages (`huge_closed`, by
+/// `tried_bit`) or has no room; else discarded with the caller's `MADV_DONTNEED`.
+///
+/// # Context
+/// The thread that gives the memory up (a program thread in `free` or `munmap`, or a
+/// Region's drop); takes the ring's lock.
+fn recycle_huge(
+    homes: &Homes<'_>,
+    at: usize,
+    huge_closed: &mut u64,
+    mv: &mut dyn FnMut(usize, usize, usize) -> Progress,
+    done: &mut Recycled,
+) {
+    let bit = crate::fault::tried_bit;
+    let mut node = [0i32];
+    homes.nodes(&[at], &mut node);
+    let home = homes.of_node(node[0]);
+    match home.and_then(|(ix, pool)| {
+        let ring = pool.dirty_huge.as_ref()?;
+        (*huge_closed & bit(ix) == 0 && pool.room() >= PMD_PAGES).then_some((ix, ring))
+    }) {
+        Some((ix, ring)) => {
+            let p = ring.put(at, PMD_PAGES, mv);
+            done.pages += p.moved;
+            done.huge_pages += p.moved;
+            if p.refused.is_some() || p.full {
+                done.discarded += PMD_PAGES - p.consumed;
+            }
+            // A refusal is this huge page's (shared after a fork, a window still being
+            // installed there): the next one may move. A full ring or a range that moves
+            // nothing at all (EINVAL: mlocked, other protection) ends it.
+            if p.full || p.refused == Some(Errno(libc::EINVAL)) {
+                *huge_closed |= bit(ix);
+            }
+        }
+        // Moving a huge page out in 4 KiB pieces would split it (most of a millisecond): it
+        // goes with the MADV_DONTNEED. So does one whose node has no pool.
+        None => done.discarded += PMD_PAGES,
+    }
+}
+
+/// Run `(p0, np)` of `range`'s 4 KiB pages with several node pools: the nodes of its pages,
+/// [`NODE_QUERY`] at a time, then each stretch on one node into that node's pool. Stops when
+/// events keep coming; the rest of the run is then counted discarded.
+///
+/// # Context
+/// As [`recycle_huge`].
+fn recycle_run_by_node(
+    homes: &Homes<'_>,
+    range: &Range,
+    (p0, np): (u64, u64),
+    small: &mut Small<'_>,
+    mv: &mut dyn FnMut(usize, usize, usize) -> Progress,
+    done: &mut Recycled,
+) {
+    let mut q = 0;
+    while q < np {
+        // The nodes of the next pages of the run, then each stretch on one node.
+        let k = usize::try_from(np - q).map_or(NODE_QUERY, |r| r.min(NODE_QUERY));
+        let mut addrs = [0usize; NODE_QUERY];
+        let mut nodes = [0i32; NODE_QUERY];
+        for (i, a) in addrs[..k].iter_mut().enumerate() {
+            *a = range.addr_of(p0 + q + i as u64);
+        }
+        homes.nodes(&addrs[..k], &mut nodes[..k]);
+        // A page not there (negative) goes with its neighbours: the move skips holes.
+        let mut last = nodes[..k].iter().copied().find(|&n| n >= 0).unwrap_or(-1);
+        for v in nodes[..k].iter_mut() {
+            if *v < 0 {
+                *v = last;
+            }
+            last = *v;
+        }
+        let mut i = 0;
+        while i < k {
+            let node = nodes[i];
+            let len = nodes[i..k].iter().take_while(|&&n| n == node).count();
+            let start = p0 + q + i as u64;
+            if !small
+                .stretch(homes.of_node(node))
+                .put(range, start, len as u64, mv, done)
+            {
+                // Events kept coming: the rest of the run goes with the discard too.
+                done.discarded += np - (q + (i + len) as u64);
+                return;
+            }
+            i += len;
+        }
+        q += k as u64;
+    }
+}
+
+/// What the 4 KiB pages of one recycle share across its stretches: the pools whose small
+/// dirty ring stopped taking pages (by `tried_bit`), and the moves refused busy so far.
+struct Small<'s> {
+    closed: &'s mut u64,
+    busy: &'s mut u32,
+}
+
+impl Small<'_> {
+    /// A stretch of pages bound for `home`'s pool.
+    fn stretch<'b, 'a>(&'b mut self, home: Option<(usize, &'a Pool)>) -> Stretch<'b, 'a> {
+        Stretch {
+            home,
+            closed: self.closed,
+            busy: self.busy,
+        }
+    }
 }
 
 /// Pages of one node, on their way into its pool's small dirty ring.
