@@ -103,9 +103,14 @@
 //!   (`shuttle.rs`): one huge page moved between two PMDs, what `zerofault bench-flush` times
 //!   (a move's TLB-flush interrupts, docs/SCALING.md).
 //! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
-//! - The pool's rings (`pool.rs`), the scrub thread (`scrub.rs`), where zero bytes come from
-//!   (`zero.rs`), the zeroing methods ([`ZeroMethod`], `zeroing.rs`; the scrub's, measured by
-//!   `zerofault bench-zero`).
+//! - The pool's rings (`pool.rs`), recycling the pages the program frees into them
+//!   (`recycle.rs`: the dirty rings, [`Recycled`]), the scrub thread (`scrub.rs`), what the
+//!   pools may hold inside the process's memory cgroup (`budget.rs`), where zero bytes come
+//!   from (`zero.rs`), the zeroing methods ([`ZeroMethod`], `zeroing.rs`, timed by `zerofault
+//!   bench-zero`; Intel DSA's memory fill through a work queue: `dsa.rs`, run only against a
+//!   fake).
+//! - NUMA nodes: which node's pool a fault takes from, in the kernel's order, and the zonelist
+//!   cache of nodes found full (`nodes.rs`; the system calls in `sys/numa.rs`).
 //! - Sharing the machine with this user's other processes under the shim (`machine.rs`: at
 //!   most `cpus - 1` scrubs stepping, handlers polling only beside a free CPU; its file,
 //!   checked before it is trusted, in `sys/machine.rs`).
@@ -113,6 +118,15 @@
 //!   sizes ([`page`]).
 //! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
 //!   embedder living inside another program (the LD_PRELOAD shim) uses.
+//! - Which thread runs what:
+//!
+//!   | thread | runs | may sleep |
+//!   |---|---|---|
+//!   | a program thread, in a shim hook or an API call | `Engine::map`, `adopt`, `adopt_grown`, `release`, `recycle` (`recycle.rs`), `fill_grown` (`grow.rs`), `fill_page`, `set_huge`, `pause`/`resume`, `stats` | on the registration lock and ring locks; never on a handler or a scrub |
+//!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `predict.rs`, `handback.rs` (give back, lend, take back), `thp.rs` (staging), `nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
+//!   | a scrub (`zerofault-scrub`), one per pool | `scrub.rs` (refill, zero the dirty rings, purge, shrink), `budget.rs` (the first scrub), `pool.rs` (`fill_step`), `zeroing.rs`, `dsa.rs` | between steps, resting, waiting for the program to be quiet |
+//!
+//!   Each entry point's `# Context` paragraph says which of these runs it and what it locks.
 //! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
 //!   and `loom_tests` in `pool.rs`, `pagemap.rs`, `recycle.rs`, `handback.rs` and
 //!   `fault/handler.rs` model the ring, the page map, the dirty ring, the recent-faulters
