@@ -6,12 +6,12 @@
 //! serves all later ones. After a fork the child's copy is closed and forgotten
 //! ([`Engine::forget_after_fork`]).
 
+use crate::memory::region::RangeTable;
+use crate::memory::region::Region;
 use crate::options::{OptionError, Options};
 use crate::page::{bytes, pages};
 use crate::pool::Pool;
 use crate::predict::Predictors;
-use crate::region::RangeTable;
-use crate::region::Region;
 use crate::stats::Snapshot;
 use crate::stats::{Stats, StatsHome};
 use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
@@ -1170,7 +1170,7 @@ impl Engine {
     }
 
     /// Bytes mapped for the page-state maps of the registered ranges (directories and leaves,
-    /// see `pagemap.rs`): proportional to what was touched, not to what was registered.
+    /// see `memory/pagemap.rs`): proportional to what was touched, not to what was registered.
     pub fn metadata_bytes(&self) -> usize {
         let ranges = self.shared.ranges.ranges();
         ranges

@@ -28,9 +28,9 @@
 //! holes again, in 4 KiB windows (any PMD may hold a page table now).
 
 use crate::fault::{Handler, Kernel};
+use crate::memory::region::Range;
 use crate::page::{bytes, pages, pmd_start, PMD_PAGES, PMD_SIZE};
 use crate::predict::{Outcome, STREAMS};
-use crate::region::Range;
 use crate::stats::{nanos, Stats};
 use crate::sync;
 use crate::sys::mman;
@@ -856,7 +856,7 @@ mod tests {
 
     #[test]
     fn starved_needs_8_short_windows_of_a_pmd_in_a_row_in_one_range_and_enough_threads() {
-        let table = crate::region::RangeTable::default();
+        let table = crate::memory::region::RangeTable::default();
         let (r, other) = (
             table.insert(1 << 30, 1 << 18, None),
             table.insert(1 << 31, 1 << 18, None),

@@ -19,7 +19,7 @@
 //! ## The life of a fault
 //! 1. A thread writes to a page of a [`Region`] that has no page yet. The kernel blocks it and
 //!    queues a message on the userfaultfd: address, read or write, thread id.
-//! 2. A handler thread (`fault/`) reads it, finds the range (`region.rs`) and asks that
+//! 2. A handler thread (`fault/`) reads it, finds the range (`memory/region.rs`) and asks that
 //!    thread's predictor (`predict.rs`, one table the handlers share) for a window: 16 pages for a first fault, four times
 //!    more each time the fault lands where the last window ended, up to 2048 (stretched to end
 //!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
@@ -28,7 +28,7 @@
 //!    untouched writes sparsely (step 6). Once a stream reaches 2048, its windows also cover a
 //!    window ahead (`fault/ahead.rs`): whole PMDs after the window, as many pages as the stream
 //!    has written, up to 32768, so that a warm writer faults once per 128 MiB.
-//! 3. It claims the window in the range's page-state map (`pagemap.rs`): one atomic `fetch_or`
+//! 3. It claims the window in the range's page-state map (`memory/pagemap.rs`): one atomic `fetch_or`
 //!    per 64 pages. The bits it set are the pages it installs; bits already set belong to
 //!    someone else. So two handlers never install the same page, and no lock is taken.
 //! 4. For a write it takes ready pages from the pool (`pool.rs`) and moves them with
@@ -86,7 +86,7 @@
 //! through `sys/raw.rs`, which leaves the program's `errno` alone; its mappings are never
 //! locked or populated by a program's `mlockall`, and are asked for in an address zone of their
 //! own (`sys/mman.rs`). Its metadata grows with what is touched, not with what is reserved
-//! (`pagemap.rs`). Where the program asks for transparent huge pages (`MADV_HUGEPAGE`), the
+//! (`memory/pagemap.rs`). Where the program asks for transparent huge pages (`MADV_HUGEPAGE`), the
 //! kernel tries one before it asks us, with the PMD still empty, and the engine then moves a
 //! whole huge page into each PMD of the window, from the PMD of the fault on.
 //!
@@ -98,11 +98,13 @@
 //!   ahead (`fault/ahead.rs`), reads before writes (`fault/reads.rs`), behind the `Kernel`
 //!   seam the unit tests fake (`fault/tests.rs`). A block the shim grows in small steps is
 //!   filled in the call that grew it (`grow.rs`, [`Engine::fill_grown`]).
-//! - Whole-PMD placement, the PMD table map and the staging area: `thp.rs`. The prefault
+//! - Whole-PMD placement and the staging area: `thp.rs`. The prefault
 //!   window: `predict.rs`. Giving random access back: `handback.rs`. [`PmdShuttle`]
 //!   (`shuttle.rs`): one huge page moved between two PMDs, what `zerofault bench-flush` times
 //!   (a move's TLB-flush interrupts, docs/SCALING.md).
-//! - Per-page state (`pagemap.rs`) and the registered ranges (`region.rs`).
+//! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
+//!   may hold a page table, the program's huge-page and access advice) and the registered
+//!   ranges (`region.rs`).
 //! - The pool's rings (`pool.rs`), recycling the pages the program frees into them
 //!   (`recycle.rs`: the dirty rings, [`Recycled`]), the scrub thread (`scrub.rs`), what the
 //!   pools may hold inside the process's memory cgroup (`budget.rs`), where zero bytes come
@@ -128,7 +130,7 @@
 //!
 //!   Each entry point's `# Context` paragraph says which of these runs it and what it locks.
 //! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
-//!   and `loom_tests` in `pool.rs`, `pagemap.rs`, `recycle.rs`, `handback.rs` and
+//!   and `loom_tests` in `pool.rs`, `memory/pagemap.rs`, `recycle.rs`, `handback.rs` and
 //!   `fault/handler.rs` model the ring, the page map, the dirty ring, the recent-faulters
 //!   table and the windows in flight; debug builds check the ring's and the range table's
 //!   invariants (`is_valid`) after each change; `testing.rs` holds what the unit tests share.
@@ -151,15 +153,14 @@ mod fault;
 mod grow;
 mod handback;
 mod machine;
+mod memory;
 mod nodes;
 pub mod options;
 pub mod os;
 pub mod page;
-mod pagemap;
 mod pool;
 mod predict;
 mod recycle;
-mod region;
 mod scrub;
 mod shuttle;
 mod stats;
@@ -173,9 +174,9 @@ mod zeroing;
 
 pub(crate) use engine::Shared;
 pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
+pub use memory::region::Region;
 pub use options::{OptionError, Options, StatsOut};
 pub use recycle::Recycled;
-pub use region::Region;
 pub use shuttle::PmdShuttle;
 pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};

@@ -30,9 +30,9 @@
 //! anywhere. The rings are registered with the engine's userfaultfd in write-protect mode only
 //! (`Uffd::register_as_destination`), because UFFDIO_MOVE wants its destination registered.
 
+use crate::memory::region::Range;
 use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
 use crate::pool::Pool;
-use crate::region::Range;
 use crate::stats::Stats;
 use crate::sync::AtomicU64;
 use crate::sys::mman;

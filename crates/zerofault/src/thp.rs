@@ -3,7 +3,7 @@
 //! A huge page is moved (`UFFDIO_MOVE`, one PMD update) only into a PMD that holds no page
 //! table: into a page table it would be split (most of a millisecond, docs/DESIGN.md, "Huge
 //! pages"). User space cannot see page tables, so
-//! each range keeps a [`PmdMap`]: one bit per PMD it overlaps that is set once the PMD *may*
+//! each range keeps a [`PmdMap`](crate::memory::pmds::PmdMap) (`memory/pmds.rs`): one bit per PMD it overlaps that is set once the PMD *may*
 //! hold a table (4 KiB pages went in, a `MADV_DONTNEED` cut through it, the kernel moved pages
 //! in with `mremap`), and one bit per PMD where the program asked for huge pages
 //! (`MADV_HUGEPAGE`, or THP `always`), where the kernel tries a huge page at each fault before
@@ -15,10 +15,9 @@
 //! slow means memory is fragmented: the handler then copies for a while instead.
 
 use crate::fault::{tried_bit, Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::memory::region::Range;
 use crate::nodes::RingKind;
-use crate::page::{bytes, pages, PMD_SIZE};
-use crate::pagemap::PageMap;
-use crate::region::Range;
+use crate::page::{pages, PMD_SIZE};
 use crate::stats::Stats;
 use crate::sys::mman;
 use crate::sys::raw::Errno;
@@ -31,186 +30,6 @@ use std::time::{Duration, Instant};
 pub(crate) const STAGE_SLOW: Duration = Duration::from_millis(4);
 /// See [`STAGE_SLOW`].
 pub(crate) const STAGE_REST: Duration = Duration::from_secs(1);
-
-/// Three bits per PMD a range overlaps (see the module doc), indexed from the range's first
-/// PMD.
-#[derive(Debug)]
-pub(crate) struct PmdMap {
-    /// The first PMD's index in the address space (`start / PMD_SIZE`).
-    base: usize,
-    /// Set: the PMD may hold a page table. Cleared only for whole PMDs a recycle emptied with
-    /// MADV_DONTNEED, on kernels that free an emptied table then (`mman::pt_reclaim`, probed).
-    tables: PageMap,
-    /// Set: the program asked for huge pages there.
-    huge: PageMap,
-    /// Set: the program asked for none there (`MADV_NOHUGEPAGE`): 4 KiB pages only.
-    never: PageMap,
-    /// Set: the program advised random access there (`MADV_RANDOM`): its reads map the zero
-    /// page (fault/reads.rs).
-    random: PageMap,
-}
-
-/// PMDs overlapped by `pages` pages from `start`.
-pub(crate) fn pmds_overlapped(start: usize, pages: u64) -> u64 {
-    let end = start + bytes(pages.max(1));
-    ((end - 1) / PMD_SIZE - start / PMD_SIZE + 1) as u64
-}
-
-impl PmdMap {
-    /// No table, no advice, for the PMDs of `pages` pages from `start`.
-    pub(crate) fn new(start: usize, pages: u64) -> PmdMap {
-        let n = pmds_overlapped(start, pages);
-        PmdMap {
-            base: start / PMD_SIZE,
-            tables: PageMap::new(n),
-            huge: PageMap::new(n),
-            never: PageMap::new(n),
-            random: PageMap::new(n),
-        }
-    }
-
-    /// Index of the PMD holding `addr`.
-    fn index(&self, addr: usize) -> u64 {
-        (addr / PMD_SIZE - self.base) as u64
-    }
-
-    /// PMDs covered.
-    #[cfg(test)]
-    pub(crate) fn len(&self) -> u64 {
-        self.tables.pages()
-    }
-
-    /// The part for a piece of the range starting at `start` of `pages` pages; the huge-page
-    /// advice goes along, and the table bits too unless `tables` says otherwise.
-    pub(crate) fn slice(&self, start: usize, pages: u64) -> PmdMap {
-        let (first, n) = (self.index(start), pmds_overlapped(start, pages));
-        PmdMap {
-            base: start / PMD_SIZE,
-            tables: self.tables.slice(first, n),
-            huge: self.huge.slice(first, n),
-            never: self.never.slice(first, n),
-            random: self.random.slice(first, n),
-        }
-    }
-
-    /// For pages the kernel moved in (`mremap`): the advice of the piece at `start` of this
-    /// map, and a table assumed in every PMD at the destination `to`.
-    pub(crate) fn moved(&self, start: usize, pages: u64, to: usize) -> PmdMap {
-        let tables = PageMap::new(pmds_overlapped(to, pages));
-        tables.set(0, tables.pages());
-        let (first, n) = (self.index(start), pmds_overlapped(start, pages));
-        PmdMap {
-            base: to / PMD_SIZE,
-            tables,
-            huge: self.huge.slice(first, n),
-            never: self.never.slice(first, n),
-            random: self.random.slice(first, n),
-        }
-    }
-
-    /// Notes that 4 KiB pages went into `[addr, addr + len)`: its PMDs may hold page tables.
-    pub(crate) fn mark_tables(&self, addr: usize, len: usize) {
-        if len > 0 {
-            let (a, b) = (self.index(addr), self.index(addr + len - 1));
-            self.tables.set(a, b - a + 1);
-        }
-    }
-
-    /// The whole PMDs of `[a, b)` hold no page table any more (their pages were discarded
-    /// whole on a kernel that frees emptied tables: see `tables`).
-    pub(crate) fn clear_tables(&self, a: usize, b: usize) {
-        let (a, b) = (a.next_multiple_of(PMD_SIZE), b / PMD_SIZE * PMD_SIZE);
-        if a < b {
-            self.tables.clear(self.index(a), ((b - a) / PMD_SIZE) as u64);
-        }
-    }
-
-    /// Whether the PMD at `addr` may hold a page table.
-    pub(crate) fn has_table(&self, addr: usize) -> bool {
-        self.tables.is_claimed(self.index(addr))
-    }
-
-    /// Whether the program asked for huge pages in the PMD at `addr`.
-    pub(crate) fn wants_huge(&self, addr: usize) -> bool {
-        self.huge.is_claimed(self.index(addr))
-    }
-
-    /// Sets or clears the advice of the whole PMDs `[a, b)` (PMD aligned, `a < b`).
-    pub(crate) fn set_huge(&self, a: usize, b: usize, on: bool) {
-        let (first, n) = (self.index(a), ((b - a) / PMD_SIZE) as u64);
-        if on {
-            self.huge.set(first, n);
-        } else {
-            self.huge.clear(first, n);
-        }
-    }
-
-    /// Sets or clears `MADV_NOHUGEPAGE` on every PMD that `[a, b)` (`a < b`) touches.
-    pub(crate) fn set_never(&self, a: usize, b: usize, on: bool) {
-        let (first, last) = (self.index(a), self.index(b - 1));
-        if on {
-            self.never.set(first, last - first + 1);
-        } else {
-            self.never.clear(first, last - first + 1);
-        }
-    }
-
-    /// Sets or clears `MADV_RANDOM` on every PMD that `[a, b)` (`a < b`) touches.
-    pub(crate) fn set_random(&self, a: usize, b: usize, on: bool) {
-        let (first, last) = (self.index(a), self.index(b - 1));
-        if on {
-            self.random.set(first, last - first + 1);
-        } else {
-            self.random.clear(first, last - first + 1);
-        }
-    }
-
-    /// Whether the program advised random access in the PMD at `addr`.
-    pub(crate) fn is_random(&self, addr: usize) -> bool {
-        self.random.is_claimed(self.index(addr))
-    }
-
-    /// Whether the program asked for no huge page in the PMD at `addr`.
-    pub(crate) fn no_huge(&self, addr: usize) -> bool {
-        self.never.is_claimed(self.index(addr))
-    }
-
-    /// Whole PMDs from `at` that may take huge pages: `at` on a PMD boundary, each PMD inside
-    /// `len` bytes, holding no table and not advised against huge pages.
-    pub(crate) fn clear_run(&self, at: usize, len: usize) -> usize {
-        if at % PMD_SIZE != 0 {
-            return 0;
-        }
-        (0..len / PMD_SIZE)
-            .take_while(|i| !self.has_table(at + i * PMD_SIZE) && !self.no_huge(at + i * PMD_SIZE))
-            .count()
-    }
-
-    /// PMDs marked as possibly holding a table.
-    #[cfg(test)]
-    pub(crate) fn tables_count(&self) -> u64 {
-        self.tables.count()
-    }
-
-    /// Whether the map covers exactly the PMDs of `pages` pages from `start` (see
-    /// [`Range::is_valid`]).
-    pub(crate) fn covers(&self, start: usize, pages: u64) -> bool {
-        let n = pmds_overlapped(start, pages);
-        self.base == start / PMD_SIZE
-            && self.tables.pages() == n
-            && self.huge.pages() == n
-            && self.never.pages() == n
-            && self.random.pages() == n
-    }
-
-    /// Bytes of metadata mapped for the bits.
-    pub(crate) fn metadata_bytes(&self) -> usize {
-        self.tables.metadata_bytes()
-            + self.huge.metadata_bytes()
-            + self.never.metadata_bytes()
-            + self.random.metadata_bytes()
-    }
-}
 
 impl<K: Kernel> Handler<'_, K> {
     /// Whole PMDs `[dst, dst + len)` whose table bits are clear: huge pages moved from the huge

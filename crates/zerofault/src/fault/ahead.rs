@@ -33,8 +33,8 @@
 //! most its window ahead unused, freed with the rest of the program's memory.
 
 use super::{Handler, Kernel};
+use crate::memory::region::Range;
 use crate::page::{bytes, PMD_PAGES, PMD_SIZE};
-use crate::region::Range;
 use crate::stats::Stats;
 use std::sync::atomic::Ordering::Relaxed;
 

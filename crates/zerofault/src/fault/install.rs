@@ -4,11 +4,11 @@
 use super::locate::Located;
 use super::tried_bit;
 use super::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::memory::region::Range;
 use crate::nodes::RingKind;
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_SIZE};
 use crate::pool::Ring;
 use crate::predict::Outcome;
-use crate::region::Range;
 use crate::stats::Stats;
 use crate::sys::raw::Errno;
 use crate::sys::uffd::Progress;

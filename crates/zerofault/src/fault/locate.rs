@@ -2,10 +2,10 @@
 
 use super::handler::EVENT_RETRIES;
 use super::{Handler, Kernel};
+use crate::memory::region::Range;
 use crate::options::AheadMode;
 use crate::page::{page_start, pages, pmd_start, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
 use crate::predict::{Fault, Outcome, Window};
-use crate::region::Range;
 use crate::stats::Stats;
 use crate::sys::raw::Errno;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};

@@ -36,8 +36,8 @@
 //! before writes".
 
 use super::{Handler, Kernel, PageState};
+use crate::memory::region::{Range, ReadSamples, ReadVerdict, READ_SLOTS};
 use crate::page::{pmd_start, PAGE_SIZE, PMD_SIZE};
-use crate::region::{Range, ReadSamples, ReadVerdict, READ_SLOTS};
 use crate::stats::Stats;
 use std::sync::atomic::Ordering::Relaxed;
 

@@ -13,10 +13,10 @@
 //! event applies only to ranges registered before the handler read it.
 
 use crate::handback::MissRun;
+use crate::memory::pagemap::PageMap;
+use crate::memory::pmds::PmdMap;
 use crate::page::{bytes, index, pages, PAGE_SIZE, PMD_SIZE};
-use crate::pagemap::PageMap;
 use crate::sys::mman;
-use crate::thp::PmdMap;
 use crate::Shared;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
