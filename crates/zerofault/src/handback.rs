@@ -28,6 +28,7 @@
 //! holes again, in 4 KiB windows (any PMD may hold a page table now).
 
 use crate::fault::{Handler, Kernel};
+use crate::memory::region::MissRun;
 use crate::memory::region::Range;
 use crate::page::{bytes, pages, pmd_start, PMD_PAGES, PMD_SIZE};
 use crate::predict::{Outcome, STREAMS};
@@ -59,7 +60,18 @@ const SPARSE_STRIDES: u64 = 4096;
 /// faults over a 1 GiB region land this far apart 98% of the time.
 const SCATTER_PAGES: u64 = 4 * PMD_PAGES;
 
-/// Unpredicted faults in a row in one region, and where they fell.
+/// A run of misses to hand back: the pages `[lo, hi]` they spanned, inclusive, and how many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Misses {
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+    pub(crate) count: u64,
+    /// Each miss fell [`SCATTER_PAGES`] or more from the one before.
+    pub(crate) scattered: bool,
+}
+
+/// Counting unpredicted faults in a row in one region ([`MissRun`], a record of the range's),
+/// and where they fell.
 ///
 /// After `limit` misses in a row the span they fell in goes back to the kernel; after half as
 /// many, and more than the predictor's [`STREAMS`] per thread, when one thread made them all
@@ -75,28 +87,6 @@ const SCATTER_PAGES: u64 = 4 * PMD_PAGES;
 ///   again after a discard (`verify`'s recycle-threads pattern lost its region that way before
 ///   the rule asked for one thread);
 /// - faults of a thread the kernel does not name (tid 0, no `UFFD_FEATURE_THREAD_ID`).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct MissRun {
-    count: u64,
-    lo: u64,
-    hi: u64,
-    /// The run's last miss, the thread that made its first, and whether every miss of the run
-    /// was that thread's and fell far from the one before.
-    last: u64,
-    tid: u32,
-    scattered: bool,
-}
-
-/// A run of misses to hand back: the pages `[lo, hi]` they spanned, inclusive, and how many.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Misses {
-    pub(crate) lo: u64,
-    pub(crate) hi: u64,
-    pub(crate) count: u64,
-    /// Each miss fell [`SCATTER_PAGES`] or more from the one before.
-    pub(crate) scattered: bool,
-}
-
 impl MissRun {
     /// Records the outcome of thread `tid`'s fault on `page`. After `limit` misses in a row
     /// (limit 0: never), or half as many scattered ones, returns the run and starts counting

@@ -174,9 +174,8 @@ mod zeroing;
 
 pub(crate) use engine::Shared;
 pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
-pub use memory::region::Region;
+pub use memory::region::{Recycled, Region};
 pub use options::{OptionError, Options, StatsOut};
-pub use recycle::Recycled;
 pub use shuttle::PmdShuttle;
 pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};

@@ -30,7 +30,7 @@
 //! anywhere. The rings are registered with the engine's userfaultfd in write-protect mode only
 //! (`Uffd::register_as_destination`), because UFFDIO_MOVE wants its destination registered.
 
-use crate::memory::region::Range;
+use crate::memory::region::{Range, Recycled};
 use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
 use crate::pool::Pool;
 use crate::stats::Stats;
@@ -325,18 +325,6 @@ impl Drop for DirtyRing {
         // SAFETY: the ring's own memory, and the ring is dropped.
         let _ = unsafe { mman::unmap(self.base, bytes(self.index.pages)) };
     }
-}
-
-/// What one recycle did, in pages.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct Recycled {
-    /// Pages moved into the pool, to come back zeroed.
-    pub pages: u64,
-    /// Of those, in whole 2 MiB huge pages.
-    pub huge_pages: u64,
-    /// Pages the engine had installed that were discarded instead: a move refused (pages
-    /// shared with a forked child, an mlocked range) or the pool full.
-    pub discarded: u64,
 }
 
 impl Shared {

@@ -12,7 +12,6 @@
 //! *applied* it. Every range carries the table's sequence number at its registration, and an
 //! event applies only to ranges registered before the handler read it.
 
-use crate::handback::MissRun;
 use crate::memory::pagemap::PageMap;
 use crate::memory::pmds::PmdMap;
 use crate::page::{bytes, index, pages, PAGE_SIZE, PMD_SIZE};
@@ -54,6 +53,32 @@ pub(crate) struct Range {
     pub(crate) starved: AtomicU32,
     /// Whether the program writes what it reads here (`fault/reads.rs`).
     pub(crate) reads: Mutex<Reads>,
+}
+
+/// Unpredicted faults in a row in one range, and where they fell: the hand-back's count
+/// (`handback.rs` keeps it and says when the run goes back to the kernel).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct MissRun {
+    pub(crate) count: u64,
+    pub(crate) lo: u64,
+    pub(crate) hi: u64,
+    /// The run's last miss, the thread that made its first, and whether every miss of the run
+    /// was that thread's and fell far from the one before.
+    pub(crate) last: u64,
+    pub(crate) tid: u32,
+    pub(crate) scattered: bool,
+}
+
+/// What one recycle did, in pages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recycled {
+    /// Pages moved into the pool, to come back zeroed.
+    pub pages: u64,
+    /// Of those, in whole 2 MiB huge pages.
+    pub huge_pages: u64,
+    /// Pages the engine had installed that were discarded instead: a move refused (pages
+    /// shared with a forked child, an mlocked range) or the pool full.
+    pub discarded: u64,
 }
 
 /// What reads before writes showed in one range (`fault/reads.rs`): the sample pages of each
