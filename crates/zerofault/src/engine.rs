@@ -1,7 +1,7 @@
 //! The engine: its userfaultfd, its threads, the state they share, and failing open.
 //!
 //! [`Engine`] owns the handler thread ([`crate::fault`]) and the scrub thread
-//! ([`crate::scrub`]); [`Shared`] is what they and every [`Region`] hold. Failing open
+//! ([`crate::pool::scrub`]); [`Shared`] is what they and every [`Region`] hold. Failing open
 //! ([`Shared::fail_open`]) closes the userfaultfd: the kernel wakes every blocked fault and
 //! serves all later ones. After a fork the child's copy is closed and forgotten
 //! ([`Engine::forget_after_fork`]).
@@ -10,6 +10,8 @@ use crate::memory::region::RangeTable;
 use crate::memory::region::Region;
 use crate::options::{OptionError, Options};
 use crate::page::{bytes, pages};
+use crate::pool::scrub;
+use crate::pool::zero::source::ZeroSource;
 use crate::pool::Pool;
 use crate::predict::Predictors;
 use crate::stats::Snapshot;
@@ -19,8 +21,7 @@ use crate::sys::raw::Errno;
 use crate::sys::thread::EngineThread;
 use crate::sys::uffd::Uffd;
 use crate::sys::uffd::{FdIdentity, Features, UffdError};
-use crate::zero::ZeroSource;
-use crate::{fault, scrub, sys};
+use crate::{fault, sys};
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering::*};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -159,8 +160,8 @@ pub(crate) struct Shared {
     /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
     /// done at all). See `nodes.rs` and `Handler::choose_nodes`.
     pub(crate) numa: Option<crate::nodes::Nodes>,
-    /// How many pages the pools may hold ([`crate::budget`]).
-    pub(crate) budget: crate::budget::Budget,
+    /// How many pages the pools may hold ([`crate::pool::budget`]).
+    pub(crate) budget: crate::pool::budget::Budget,
     /// Lending starved ranges to the kernel, and taking them back ([`crate::handback`]).
     pub(crate) lending: crate::handback::Lending,
     /// The descriptor's number and identity, for a forked child to close its copy without the
@@ -194,7 +195,7 @@ struct SharedParts {
     handlers: usize,
     uffd_identity: Option<FdIdentity>,
     lending: crate::handback::Lending,
-    budget: crate::budget::Budget,
+    budget: crate::pool::budget::Budget,
     numa: Option<crate::nodes::Nodes>,
     opts: Options,
 }
@@ -273,7 +274,7 @@ impl Shared {
         }
     }
 
-    /// Pages the pools hold: ready, and recycled but not zeroed yet (see [`crate::budget`]).
+    /// Pages the pools hold: ready, and recycled but not zeroed yet (see [`crate::pool::budget`]).
     pub(crate) fn pool_held(&self) -> u64 {
         self.pools.iter().map(|p| p.available() + p.dirty()).sum()
     }
@@ -595,7 +596,7 @@ impl Engine {
             handlers,
             uffd_identity: Some(identity),
             lending: crate::handback::Lending::new(lend_at),
-            budget: crate::budget::Budget::new(opts.pool_max, cgroup),
+            budget: crate::pool::budget::Budget::new(opts.pool_max, cgroup),
             numa,
             opts,
         }));
@@ -1460,7 +1461,7 @@ impl Shared {
             uffd_identity: None,
             // As on this project's machine: one handler and one scrub on two CPUs.
             lending: crate::handback::Lending::new(opts.lend_at(2, 2)),
-            budget: crate::budget::Budget::new(opts.pool_max, None),
+            budget: crate::pool::budget::Budget::new(opts.pool_max, None),
             numa: None,
             opts,
         })

@@ -15,10 +15,10 @@
 //! passes the grown part only.
 
 use crate::page::{pages, PAGE_SIZE, PMD_SIZE};
+use crate::pool::zero::source::ZeroSource;
 use crate::stats::Stats;
 use crate::sys::raw::Errno;
 use crate::sys::uffd::Uffd;
-use crate::zero::ZeroSource;
 use crate::Shared;
 
 /// Where the fill of a growth of `len` bytes at `addr` ends: before the first whole PMD the

@@ -146,8 +146,6 @@
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("zerofault serves 64-bit Linux (x86-64, arm64) only");
 
-mod budget;
-mod dsa;
 mod engine;
 mod fault;
 mod grow;
@@ -160,8 +158,6 @@ pub mod os;
 pub mod page;
 mod pool;
 mod predict;
-mod recycle;
-mod scrub;
 mod shuttle;
 mod stats;
 mod sync;
@@ -169,15 +165,12 @@ mod sys;
 #[cfg(test)]
 mod testing;
 mod thp;
-mod zero;
-mod zeroing;
 
 pub(crate) use engine::Shared;
 pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
 pub use memory::region::{Recycled, Region};
 pub use options::{OptionError, Options, StatsOut};
+pub use pool::zero::{is_zero, ZeroMethod};
 pub use shuttle::PmdShuttle;
 pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};
-pub use zero::is_zero;
-pub use zeroing::ZeroMethod;

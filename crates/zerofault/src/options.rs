@@ -252,16 +252,54 @@ impl Kind for Ahead {
     }
 }
 
+/// One way of zeroing memory (the `zero_method` knob's value; what each does and whether
+/// the machine has it: `pool/zero/methods.rs`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ZeroMethod {
+    /// The kernel frees and repopulates the pages.
+    Kernel,
+    /// `rep stosb`.
+    Stosb,
+    /// Non-temporal vector stores, one fence per call.
+    Nt,
+    /// AMD CLZERO, one fence per call.
+    Clzero,
+    /// Intel DSA memory fill through a shared work queue (`dsa.rs`; not run on hardware).
+    Dsa,
+}
+
+impl ZeroMethod {
+    /// Every method, in the order tables show them.
+    pub const ALL: [ZeroMethod; 5] = [
+        ZeroMethod::Kernel,
+        ZeroMethod::Stosb,
+        ZeroMethod::Nt,
+        ZeroMethod::Clzero,
+        ZeroMethod::Dsa,
+    ];
+
+    /// The method's name, as `zero_method` will accept it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ZeroMethod::Kernel => "kernel",
+            ZeroMethod::Stosb => "stosb",
+            ZeroMethod::Nt => "nt",
+            ZeroMethod::Clzero => "clzero",
+            ZeroMethod::Dsa => "dsa",
+        }
+    }
+}
+
 /// A zeroing method for recycled pages, or `auto` (`None`): each timed, the fastest kept.
 pub struct Method;
 impl Kind for Method {
-    type Value = Option<crate::zeroing::ZeroMethod>;
+    type Value = Option<ZeroMethod>;
     const ACCEPTS: &'static str = "auto, kernel, stosb, nt, clzero or dsa (where the machine has it)";
     fn parse(s: &str) -> Option<Self::Value> {
         if s.eq_ignore_ascii_case("auto") {
             return Some(None);
         }
-        crate::zeroing::ZeroMethod::ALL
+        ZeroMethod::ALL
             .into_iter()
             .find(|m| m.name().eq_ignore_ascii_case(s))
             .map(Some)
@@ -422,7 +460,7 @@ impl std::error::Error for OptionError {}
 fn available_methods() -> String {
     let mut v = vec!["auto"];
     v.extend(
-        crate::zeroing::ZeroMethod::ALL
+        ZeroMethod::ALL
             .into_iter()
             .filter(|m| m.available().is_ok())
             .map(|m| m.name()),
@@ -865,8 +903,8 @@ mod tests {
             assert_eq!(Micros::parse(bad), None, "{bad:?}");
         }
         assert_eq!(Method::parse("auto"), Some(None));
-        assert_eq!(Method::parse("NT"), Some(Some(crate::zeroing::ZeroMethod::Nt)));
-        assert_eq!(Method::parse("dsa"), Some(Some(crate::zeroing::ZeroMethod::Dsa)));
+        assert_eq!(Method::parse("NT"), Some(Some(ZeroMethod::Nt)));
+        assert_eq!(Method::parse("dsa"), Some(Some(ZeroMethod::Dsa)));
         assert_eq!(Method::parse("warp"), None);
         assert_eq!(Method::show(&None), "auto");
     }
@@ -879,7 +917,7 @@ mod tests {
         assert!(e.contains("ZEROFAULT_POOL_MAX"), "{e}");
         // A zeroing method the machine lacks: one line naming the knob, what is missing, and
         // what it accepts here.
-        for m in crate::zeroing::ZeroMethod::ALL {
+        for m in ZeroMethod::ALL {
             match (m.available(), env(&[("ZEROFAULT_ZERO_METHOD", m.name())])) {
                 (Ok(_), r) => assert_eq!(r.unwrap().zero_method, Some(m)),
                 (Err(why), r) => {

@@ -14,10 +14,11 @@
 //! of one THP, then one move), as the kernel's own THP fault would. A staging populate that is
 //! slow means memory is fragmented: the handler then copies for a while instead.
 
-use crate::fault::{tried_bit, Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::fault::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
 use crate::memory::region::Range;
 use crate::nodes::RingKind;
 use crate::page::{pages, PMD_SIZE};
+use crate::pool::tried_bit;
 use crate::stats::Stats;
 use crate::sys::mman;
 use crate::sys::raw::Errno;

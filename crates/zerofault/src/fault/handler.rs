@@ -5,7 +5,8 @@ use super::{Kernel, BATCH};
 use crate::nodes::{Avail, RingKind};
 use crate::options::{AheadMode, Options};
 use crate::page::{pages, PAGE_SIZE};
-use crate::pool::{Pool, Ring};
+use crate::pool::zero::source::ZeroSource;
+use crate::pool::{tried_bit, Pool, Ring};
 use crate::predict::Tuning;
 use crate::stats::{nanos, Stats};
 use crate::sync::AtomicU64;
@@ -13,7 +14,6 @@ use crate::sys::mman::Mapping;
 use crate::sys::raw::Errno;
 use crate::sys::thread::ThreadClock;
 use crate::sys::uffd::{Msg, Progress, Uffd};
-use crate::zero::ZeroSource;
 use crate::Shared;
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
@@ -35,12 +35,6 @@ pub(crate) struct Source<'a> {
     pub(crate) wanted: Option<usize>,
     /// The wanted node was picked by interleaving.
     pub(crate) interleaved: bool,
-}
-
-/// The bit of pool `ix` in an install's mask of pools found empty (pools from the 64th on
-/// share the last bit: one of them found empty makes the install skip them all).
-pub(crate) fn tried_bit(ix: usize) -> u64 {
-    1 << ix.min(63)
 }
 
 /// Times an install is retried after draining events before giving up on it.

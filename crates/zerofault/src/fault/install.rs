@@ -2,17 +2,17 @@
 //! `fill_zeropage`), the loop they share, and the policy that picks among them.
 
 use super::locate::Located;
-use super::tried_bit;
 use super::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
 use crate::memory::region::Range;
 use crate::nodes::RingKind;
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_SIZE};
+use crate::pool::tried_bit;
+use crate::pool::zero::source::ZeroSource;
 use crate::pool::Ring;
 use crate::predict::Outcome;
 use crate::stats::Stats;
 use crate::sys::raw::Errno;
 use crate::sys::uffd::Progress;
-use crate::zero::ZeroSource;
 use std::cell::Cell;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
 

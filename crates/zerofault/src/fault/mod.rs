@@ -44,7 +44,7 @@ mod reads;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use handler::{run, tried_bit, Handler, Inflight, EVENT_RETRIES};
+pub(crate) use handler::{run, Handler, Inflight, EVENT_RETRIES};
 
 pub(crate) use crate::sys::mman::PageState;
 use crate::sys::raw::Errno;

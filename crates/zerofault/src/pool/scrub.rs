@@ -30,14 +30,14 @@
 
 use crate::machine::Machine;
 use crate::page::{bytes, pages, PMD_PAGES};
+use crate::pool::recycle::{DirtyRing, BATCH_PAGES};
+use crate::pool::zero::methods::ZeroMethod;
 use crate::pool::{Pool, CHUNK_PAGES};
-use crate::recycle::{DirtyRing, BATCH_PAGES};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman;
 use crate::sys::raw::Errno;
 use crate::sys::thread;
 use crate::sys::uffd::Uffd;
-use crate::zeroing::ZeroMethod;
 use crate::Shared;
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Condvar, Mutex};
@@ -359,7 +359,7 @@ fn purge_batch(dirty: &DirtyRing, addr: usize, n: u64) {
 #[derive(Debug)]
 struct Idle {
     taken: u64,
-    /// Prefills seen ([`crate::budget::Budget::fills`]): one counts as activity.
+    /// Prefills seen ([`crate::pool::budget::Budget::fills`]): one counts as activity.
     fills: u64,
     since: Instant,
 }
@@ -589,7 +589,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         since: Instant::now(),
     };
     let mut looked = Instant::now();
-    let mut recent = crate::budget::Recent::default();
+    let mut recent = crate::pool::budget::Recent::default();
     // A request that came while the scrub rested: taken up when the rest is over.
     let mut deferred = false;
     while !stopping(&shared) {
@@ -652,7 +652,7 @@ fn probe_tables(shared: &Shared, ix: usize, pool: &Pool) {
 /// How often the first scrub thread looks whether a tracer attached to the process (a
 /// debugger reads memory with no way to wait for the engine: /proc/PID/mem, ptrace; the engine
 /// then steps aside for good, DESIGN.md, "The program's rights") and computes the pools'
-/// memory budget afresh ([`crate::budget`]).
+/// memory budget afresh ([`crate::pool::budget`]).
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// Gives back what `pool` holds above `keep` pages: recycled pages first, oldest first (not

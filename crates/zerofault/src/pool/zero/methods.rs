@@ -14,45 +14,13 @@
 //!
 //! A method the machine lacks is refused with one line naming what is missing.
 
+pub use crate::options::ZeroMethod;
 use crate::sys::mman;
 use std::io;
 
-/// One way of zeroing memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ZeroMethod {
-    /// The kernel frees and repopulates the pages.
-    Kernel,
-    /// `rep stosb`.
-    Stosb,
-    /// Non-temporal vector stores, one fence per call.
-    Nt,
-    /// AMD CLZERO, one fence per call.
-    Clzero,
-    /// Intel DSA memory fill through a shared work queue (`dsa.rs`; not run on hardware).
-    Dsa,
-}
-
+/// Whether this machine has each method, and how each zeroes ([`ZeroMethod`] is the
+/// `zero_method` knob's value: `options.rs`).
 impl ZeroMethod {
-    /// Every method, in the order tables show them.
-    pub const ALL: [ZeroMethod; 5] = [
-        ZeroMethod::Kernel,
-        ZeroMethod::Stosb,
-        ZeroMethod::Nt,
-        ZeroMethod::Clzero,
-        ZeroMethod::Dsa,
-    ];
-
-    /// The method's name, as `zero_method` will accept it.
-    pub fn name(self) -> &'static str {
-        match self {
-            ZeroMethod::Kernel => "kernel",
-            ZeroMethod::Stosb => "stosb",
-            ZeroMethod::Nt => "nt",
-            ZeroMethod::Clzero => "clzero",
-            ZeroMethod::Dsa => "dsa",
-        }
-    }
-
     /// `Ok` with the variant used (`nt`: `avx512`, `avx2` or `sse2`), or what is missing.
     pub fn available(self) -> Result<&'static str, &'static str> {
         #[cfg(target_arch = "x86_64")]
@@ -65,7 +33,7 @@ impl ZeroMethod {
                 ZeroMethod::Nt => Ok("sse2"),
                 ZeroMethod::Clzero if has_clzero() => Ok("clzero"),
                 ZeroMethod::Clzero => Err("clzero needs the CLZERO instruction (AMD; CPUID 0x80000008 EBX bit 0)"),
-                ZeroMethod::Dsa => crate::dsa::queue().map(|_| "idxd shared work queue"),
+                ZeroMethod::Dsa => crate::pool::zero::dsa::queue().map(|_| "idxd shared work queue"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
@@ -107,10 +75,10 @@ impl ZeroMethod {
             ZeroMethod::Clzero => unsafe { x86::clzero(ptr, len) },
             #[cfg(target_arch = "x86_64")]
             ZeroMethod::Dsa => {
-                let q = crate::dsa::queue().map_err(io::Error::other)?;
+                let q = crate::pool::zero::dsa::queue().map_err(io::Error::other)?;
                 // SAFETY: as above; what the device leaves is finished with non-temporal
                 // stores, on the caller's range too.
-                unsafe { crate::dsa::zero(q, ptr, len, &|p, n| x86::nt(p, n)) };
+                unsafe { crate::pool::zero::dsa::zero(q, ptr, len, &|p, n| x86::nt(p, n)) };
             }
             #[cfg(not(target_arch = "x86_64"))]
             _ => return Err(io::Error::other(self.available().unwrap_err())),
@@ -235,7 +203,11 @@ mod tests {
                     unsafe { method.zero(m.as_ptr(), m.len()) }.unwrap();
                     // SAFETY: our mapping, read after the zeroing (fenced).
                     let s = unsafe { std::slice::from_raw_parts(m.as_ptr(), m.len()) };
-                    assert!(crate::zero::is_zero(s), "{} left non-zero bytes", method.name());
+                    assert!(
+                        crate::pool::zero::source::is_zero(s),
+                        "{} left non-zero bytes",
+                        method.name()
+                    );
                     used += 1;
                 }
                 Err(why) => assert!(why.starts_with(method.name()) && !why.contains('\n'), "{why}"),

@@ -54,8 +54,13 @@
 //! populated before they are taken, each taken once, given back only where nobody took after;
 //! and a give-back racing a producer that came round (see `RingIndex::untake`).
 
+pub(crate) mod budget;
+pub(crate) mod recycle;
+pub(crate) mod scrub;
+pub(crate) mod zero;
+
 use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
-use crate::recycle::{Batch, DirtyRing};
+use crate::pool::recycle::{Batch, DirtyRing};
 use crate::stats::Stats;
 use crate::sync::AtomicU64;
 use crate::sys::mman;
@@ -63,6 +68,12 @@ use crate::sys::uffd::Uffd;
 use std::io;
 use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
+
+/// The bit of pool `ix` in a mask of pools (an install's pools found empty, a recycle's
+/// rings closed) (pools from the 64th on share the last bit: one of them found empty makes the install skip them all).
+pub(crate) fn tried_bit(ix: usize) -> u64 {
+    1 << ix.min(63)
+}
 
 /// Pages populated per producer step: one PMD, so that consumers see pages appear every PMD
 /// populated instead of after a whole refill.
@@ -493,7 +504,7 @@ pub(crate) struct Pool {
     /// scrub thread runs on; `None` on a one-node machine (nothing is bound).
     pub node: Option<u32>,
     /// How the handlers and the engine wake this pool's scrub thread.
-    pub(crate) scrub: crate::scrub::ScrubCtl,
+    pub(crate) scrub: crate::pool::scrub::ScrubCtl,
     pub(crate) counts: NodeCounts,
     pub small: Ring,
     pub huge: Option<Ring>,
@@ -548,7 +559,7 @@ impl Pool {
         }
         Ok(Pool {
             node,
-            scrub: crate::scrub::ScrubCtl::default(),
+            scrub: crate::pool::scrub::ScrubCtl::default(),
             counts: NodeCounts::default(),
             dirty_small: recycle.then(|| dirty(&small_ring)).transpose()?,
             dirty_huge: huge_ring.as_ref().filter(|_| recycle).map(dirty).transpose()?,
@@ -798,7 +809,7 @@ mod tests {
         // Populated and zero.
         // SAFETY: the run lies inside the pool mapping, populated and not yet moved out.
         let first = unsafe { std::slice::from_raw_parts(a.addr as *const u8, PAGE_SIZE) };
-        assert!(crate::zero::is_zero(first));
+        assert!(crate::pool::zero::source::is_zero(first));
         p.fill_to(512, &stats, || false).unwrap(); // refills the 500 slots, wrapping the ring
         let b = p.take(100).unwrap();
         assert_eq!(b.pages, 12, "stops at the ring end");

@@ -491,7 +491,7 @@ fn recycle_huge(
     mv: &mut dyn FnMut(usize, usize, usize) -> Progress,
     done: &mut Recycled,
 ) {
-    let bit = crate::fault::tried_bit;
+    let bit = super::tried_bit;
     let mut node = [0i32];
     homes.nodes(&[at], &mut node);
     let home = homes.of_node(node[0]);
@@ -607,7 +607,7 @@ impl Stretch<'_, '_> {
         mv: &mut dyn FnMut(usize, usize, usize) -> Progress,
         done: &mut Recycled,
     ) -> bool {
-        let bit = |ix: usize| crate::fault::tried_bit(ix);
+        let bit = |ix: usize| super::tried_bit(ix);
         let mut off = 0;
         while off < np {
             let Some((ix, room, ring)) = self
