@@ -31,7 +31,7 @@
 //! 3. It claims the window in the range's page-state map (`memory/pagemap.rs`): one atomic `fetch_or`
 //!    per 64 pages. The bits it set are the pages it installs; bits already set belong to
 //!    someone else. So two handlers never install the same page, and no lock is taken.
-//! 4. For a write it takes ready pages from the pool (`pool.rs`) and moves them with
+//! 4. For a write it takes ready pages from the pool (`pool/`) and moves them with
 //!    `UFFDIO_MOVE`. Every whole 2 MiB-aligned PMD of the window gets a transparent huge page
 //!    from the pool's huge ring, moved with one PMD update (one entry for 512 pages); the rest, and
 //!    always the PMD the fault landed in (the kernel gave it a page table before it asked us),
@@ -59,7 +59,7 @@
 //!    of 4 KiB pages (`MADV_NOHUGEPAGE`, a quarter of `pool_max`) and a huge one of 2 MiB
 //!    transparent huge pages (`MADV_HUGEPAGE`, the rest; `pool_thp=off` or THP `never` leaves
 //!    only the small one); at first no page exists.
-//! 2. Zeroed: the scrub thread (`scrub.rs`), while it has a CPU to itself, populates 2 MiB at a time with
+//! 2. Zeroed: the scrub thread (`pool/scrub.rs`), while it has a CPU to itself, populates 2 MiB at a time with
 //!    `MADV_POPULATE_WRITE`, into whichever ring is emptier, whenever the pool is below
 //!    `scrub_start`, until `scrub_stop`. The kernel zero-fills them there, off every critical
 //!    path (seed 003: zero cold pages, in bulk, on an idle CPU).
@@ -105,12 +105,12 @@
 //! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
 //!   may hold a page table, the program's huge-page and access advice) and the registered
 //!   ranges (`region.rs`).
-//! - The pool's rings (`pool.rs`), recycling the pages the program frees into them
-//!   (`recycle.rs`: the dirty rings, [`Recycled`]), the scrub thread (`scrub.rs`), what the
-//!   pools may hold inside the process's memory cgroup (`budget.rs`), where zero bytes come
-//!   from (`zero.rs`), the zeroing methods ([`ZeroMethod`], `zeroing.rs`, timed by `zerofault
-//!   bench-zero`; Intel DSA's memory fill through a work queue: `dsa.rs`, run only against a
-//!   fake).
+//! - The pool (`pool/`): its rings (`pool/mod.rs`), recycling the pages the program frees
+//!   into them (`recycle.rs`: the dirty rings, [`Recycled`]), the scrub thread (`scrub.rs`),
+//!   what the pools may hold inside the process's memory cgroup (`budget.rs`), and zero bytes
+//!   (`zero/`: the copy path's source, `source.rs`; the zeroing methods, [`ZeroMethod`],
+//!   `methods.rs`, timed by `zerofault bench-zero`; Intel DSA's memory fill through a work
+//!   queue, `dsa.rs`, run only against a fake).
 //! - NUMA nodes: which node's pool a fault takes from, in the kernel's order, and the zonelist
 //!   cache of nodes found full (`nodes.rs`; the system calls in `sys/numa.rs`).
 //! - Sharing the machine with this user's other processes under the shim (`machine.rs`: at
@@ -124,13 +124,13 @@
 //!
 //!   | thread | runs | may sleep |
 //!   |---|---|---|
-//!   | a program thread, in a shim hook or an API call | `Engine::map`, `adopt`, `adopt_grown`, `release`, `recycle` (`recycle.rs`), `fill_grown` (`grow.rs`), `fill_page`, `set_huge`, `pause`/`resume`, `stats` | on the registration lock and ring locks; never on a handler or a scrub |
+//!   | a program thread, in a shim hook or an API call | `Engine::map`, `adopt`, `adopt_grown`, `release`, `recycle` (`pool/recycle.rs`), `fill_grown` (`grow.rs`), `fill_page`, `set_huge`, `pause`/`resume`, `stats` | on the registration lock and ring locks; never on a handler or a scrub |
 //!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `predict.rs`, `handback.rs` (give back, lend, take back), `thp.rs` (staging), `nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
-//!   | a scrub (`zerofault-scrub`), one per pool | `scrub.rs` (refill, zero the dirty rings, purge, shrink), `budget.rs` (the first scrub), `pool.rs` (`fill_step`), `zeroing.rs`, `dsa.rs` | between steps, resting, waiting for the program to be quiet |
+//!   | a scrub (`zerofault-scrub`), one per pool | `pool/`: `scrub.rs` (refill, zero the dirty rings, purge, shrink), `budget.rs` (the first scrub), `mod.rs` (`fill_step`), `zero/` | between steps, resting, waiting for the program to be quiet |
 //!
 //!   Each entry point's `# Context` paragraph says which of these runs it and what it locks.
 //! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
-//!   and `loom_tests` in `pool.rs`, `memory/pagemap.rs`, `recycle.rs`, `handback.rs` and
+//!   and `loom_tests` in `pool/mod.rs`, `memory/pagemap.rs`, `pool/recycle.rs`, `handback.rs` and
 //!   `fault/handler.rs` model the ring, the page map, the dirty ring, the recent-faulters
 //!   table and the windows in flight; debug builds check the ring's and the range table's
 //!   invariants (`is_valid`) after each change; `testing.rs` holds what the unit tests share.

@@ -264,7 +264,7 @@ pub enum ZeroMethod {
     Nt,
     /// AMD CLZERO, one fence per call.
     Clzero,
-    /// Intel DSA memory fill through a shared work queue (`dsa.rs`; not run on hardware).
+    /// Intel DSA memory fill through a shared work queue (`pool/zero/dsa.rs`; not run on hardware).
     Dsa,
 }
 
