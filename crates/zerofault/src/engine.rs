@@ -344,7 +344,7 @@ impl Engine {
             doorbell,
             handlers,
             uffd_identity: Some(identity),
-            lending: crate::handback::Lending::new(lend_at),
+            lending: crate::fault::handback::Lending::new(lend_at),
             budget: crate::pool::budget::Budget::new(opts.pool_max, cgroup),
             numa,
             opts,

@@ -20,7 +20,7 @@
 //! 1. A thread writes to a page of a [`Region`] that has no page yet. The kernel blocks it and
 //!    queues a message on the userfaultfd: address, read or write, thread id.
 //! 2. A handler thread (`fault/`) reads it, finds the range (`memory/region.rs`) and asks that
-//!    thread's predictor (`predict.rs`, one table the handlers share) for a window: 16 pages for a first fault, four times
+//!    thread's predictor (`fault/window.rs`, one table the handlers share) for a window: 16 pages for a first fault, four times
 //!    more each time the fault lands where the last window ended, up to 2048 (stretched to end
 //!    one page short of a PMD boundary, so that the next window's PMDs are whole); one page
 //!    for a fault nobody predicted. A new stream's first window leaves out the page after the
@@ -98,8 +98,8 @@
 //!   ahead (`fault/ahead.rs`), reads before writes (`fault/reads.rs`), behind the `Kernel`
 //!   seam the unit tests fake (`fault/tests.rs`). A block the shim grows in small steps is
 //!   filled in the call that grew it (`grow.rs`, [`Engine::fill_grown`]).
-//! - Whole-PMD placement and the staging area: `thp.rs`. The prefault
-//!   window: `predict.rs`. Giving random access back: `handback.rs`. [`PmdShuttle`]
+//! - Whole-PMD placement and the staging area: `fault/huge.rs`. The prefault
+//!   window: `fault/window.rs`. Giving random access back: `fault/handback.rs`. [`PmdShuttle`]
 //!   (`shuttle.rs`): one huge page moved between two PMDs, what `zerofault bench-flush` times
 //!   (a move's TLB-flush interrupts, docs/SCALING.md).
 //! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
@@ -125,12 +125,12 @@
 //!   | thread | runs | may sleep |
 //!   |---|---|---|
 //!   | a program thread, in a shim hook or an API call | `Engine::map`, `adopt`, `adopt_grown`, `release`, `recycle` (`pool/recycle.rs`), `fill_grown` (`grow.rs`), `fill_page`, `set_huge`, `pause`/`resume`, `stats` | on the registration lock and ring locks; never on a handler or a scrub |
-//!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `predict.rs`, `handback.rs` (give back, lend, take back), `thp.rs` (staging), `nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
+//!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `fault/window.rs`, `fault/handback.rs` (give back, lend, take back), `fault/huge.rs` (staging), `nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
 //!   | a scrub (`zerofault-scrub`), one per pool | `pool/`: `scrub.rs` (refill, zero the dirty rings, purge, shrink), `budget.rs` (the first scrub), `mod.rs` (`fill_step`), `zero/` | between steps, resting, waiting for the program to be quiet |
 //!
 //!   Each entry point's `# Context` paragraph says which of these runs it and what it locks.
 //! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
-//!   and `loom_tests` in `pool/mod.rs`, `memory/pagemap.rs`, `pool/recycle.rs`, `handback.rs` and
+//!   and `loom_tests` in `pool/mod.rs`, `memory/pagemap.rs`, `pool/recycle.rs`, `fault/handback.rs` and
 //!   `fault/handler.rs` model the ring, the page map, the dirty ring, the recent-faulters
 //!   table and the windows in flight; debug builds check the ring's and the range table's
 //!   invariants (`is_valid`) after each change; `testing.rs` holds what the unit tests share.
@@ -149,7 +149,6 @@ compile_error!("zerofault serves 64-bit Linux (x86-64, arm64) only");
 mod engine;
 mod fault;
 mod grow;
-mod handback;
 mod machine;
 mod memory;
 mod nodes;
@@ -157,7 +156,6 @@ pub mod options;
 pub mod os;
 pub mod page;
 mod pool;
-mod predict;
 mod shuttle;
 mod state;
 mod stats;
@@ -165,7 +163,6 @@ mod sync;
 mod sys;
 #[cfg(test)]
 mod testing;
-mod thp;
 
 pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
 pub use memory::region::{Recycled, Region};

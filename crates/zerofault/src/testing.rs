@@ -1,6 +1,6 @@
 //! Helpers the engine's unit tests share.
 
-use crate::predict::Tuning;
+use crate::fault::window::Tuning;
 
 /// The window knobs' defaults (start order 4, step 2, max order 11).
 pub(crate) const TUNING: Tuning = Tuning {

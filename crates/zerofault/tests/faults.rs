@@ -432,7 +432,7 @@ fn with_no_scrub_the_handler_makes_its_own_huge_pages() {
     // scrub_start 0: the scrub thread never fills; every huge page is made by the handler.
     // A staging populate slower than 4 ms (the kernel compacting, or this 2-CPU machine busy
     // with the rest of the suite) makes the handler copy for a second instead, by design
-    // (thp.rs): such a run says nothing about this path, so up to three are made. On a VM
+    // (fault/huge.rs): such a run says nothing about this path, so up to three are made. On a VM
     // with free page reporting (this one: virtio_balloon, order 9) a huge page from memory free
     // for more than ~2 s costs ~4 ms of host faults, against ~0.17 ms for one freed just now:
     // so each run first populates and frees 64 MiB of huge pages, which its staging then

@@ -2,12 +2,12 @@
 //! events are drained.
 
 use super::{Kernel, BATCH};
+use crate::fault::window::Tuning;
 use crate::nodes::{Avail, RingKind};
 use crate::options::{AheadMode, Options};
 use crate::page::{pages, PAGE_SIZE};
 use crate::pool::zero::source::ZeroSource;
 use crate::pool::{tried_bit, Pool, Ring};
-use crate::predict::Tuning;
 use crate::stats::{nanos, Stats};
 use crate::sync::AtomicU64;
 use crate::sys::mman::Mapping;
@@ -213,7 +213,7 @@ impl Idle {
             }
         }
         let timeout = match self.timeout {
-            None if shared.lending.any() => Some(crate::handback::RETAKE_AFTER),
+            None if shared.lending.any() => Some(crate::fault::handback::RETAKE_AFTER),
             t => t,
         };
         uffd.wait(timeout).is_ok() && uffd.still_ours()
@@ -340,11 +340,11 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) stage: Option<&'a Mapping>,
     /// EEXIST skips so far (tells a clean move from one that found pages present).
     pub(crate) partials: u64,
-    /// After a slow staging populate, no staging until then (see [`crate::thp::STAGE_SLOW`]).
+    /// After a slow staging populate, no staging until then (see [`crate::fault::huge::STAGE_SLOW`]).
     pub(crate) stage_rests_until: Option<Instant>,
     /// When this handler last populated its staging PMD with a huge page, and how long the
-    /// kernel took to make it (timed in `make_huge`, thp.rs): the kernel's own huge-page
-    /// fault costs the same right now (lending weighs it, see handback.rs).
+    /// kernel took to make it (timed in `make_huge`, fault/huge.rs): the kernel's own huge-page
+    /// fault costs the same right now (lending weighs it, see fault/handback.rs).
     pub(crate) last_populate: Option<(Instant, Duration)>,
     /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
     pub(crate) pieces: Vec<(usize, usize, bool)>,

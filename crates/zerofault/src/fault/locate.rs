@@ -2,10 +2,10 @@
 
 use super::handler::EVENT_RETRIES;
 use super::{Handler, Kernel};
+use crate::fault::window::{Fault, Outcome, Window};
 use crate::memory::region::Range;
 use crate::options::AheadMode;
 use crate::page::{page_start, pages, pmd_start, PAGE_SIZE, PMD_PAGES, PMD_SIZE};
-use crate::predict::{Fault, Outcome, Window};
 use crate::stats::Stats;
 use crate::sys::raw::Errno;
 use std::sync::atomic::Ordering::{Acquire, Relaxed};
@@ -24,7 +24,7 @@ pub(crate) struct Located {
     pub(crate) ahead: Option<(u64, u64)>,
     /// The predictor's clock after this window was predicted (see `Predictor::clock`).
     pub(crate) clock: u64,
-    /// A page of `[first, end)` left out: a new stream's probe (see predict.rs).
+    /// A page of `[first, end)` left out: a new stream's probe (see fault/window.rs).
     pub(crate) probe: Option<u64>,
 }
 
@@ -389,7 +389,7 @@ impl<K: Kernel> Handler<'_, K> {
     }
 
     /// Hands back what window `w` of thread `tid`'s fault on page `page` of `range` calls for:
-    /// a sparse stream's way ahead, or the span of a run of misses (see handback.rs). True
+    /// a sparse stream's way ahead, or the span of a run of misses (see fault/handback.rs). True
     /// when the faulting page went back to the kernel with it.
     ///
     /// # Context
@@ -424,7 +424,7 @@ impl<K: Kernel> Handler<'_, K> {
     #[inline]
     fn lent(&mut self, range: &Arc<Range>, page_addr: usize, write: bool, window: u64, ready: u64) -> bool {
         // Starved, with as many threads faulting as the kernel would serve faster: the range
-        // goes to the kernel (see handback.rs), and this fault with it. Only windows that go
+        // goes to the kernel (see fault/handback.rs), and this fault with it. Only windows that go
         // on into a PMD with no page table count: there the engine wants a huge page, and the
         // kernel would make one; a PMD with a table (memory discarded after a loan, say) takes
         // 4 KiB pages from either.

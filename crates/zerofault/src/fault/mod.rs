@@ -9,11 +9,11 @@
 //! 2. [`locate`]: find the fault's range (a fault outside every range, a race with
 //!    munmap/mmap, is served one page at a time and woken: never left blocked); a page whose
 //!    state bit is set already is another window's (or the map is stale): one page is tried,
-//!    EEXIST proves it present. Otherwise the thread's predictor ([`crate::predict`]) gives the
-//!    window, the range's miss run may hand a span back to the kernel ([`crate::handback`]), and
+//!    EEXIST proves it present. Otherwise the thread's predictor ([`crate::fault::window`]) gives the
+//!    window, the range's miss run may hand a span back to the kernel ([`crate::fault::handback`]), and
 //!    the window is claimed in the page map: the newly claimed runs are the pages to install.
 //! 3. [`install`]: writes take whole huge pages where a PMD holds no page table
-//!    ([`crate::thp`]), pool pages moved in (`fill_move`) elsewhere, and copies of the zero
+//!    ([`crate::fault::huge`]), pool pages moved in (`fill_move`) elsewhere, and copies of the zero
 //!    source (`fill_copy`) for what the pool cannot give; reads map the zero page
 //!    (`fill_zeropage`), no pool page spent, unless the program writes what it reads
 //!    ([`reads`]: then as writes). Runs and pieces go in last to first, so that the
@@ -37,12 +37,15 @@
 //! (`tests.rs`) without a real userfaultfd.
 
 mod ahead;
+pub(crate) mod handback;
 mod handler;
+pub(crate) mod huge;
 mod install;
 mod locate;
 mod reads;
 #[cfg(test)]
 mod tests;
+pub(crate) mod window;
 
 pub(crate) use handler::{run, Handler, Inflight, EVENT_RETRIES};
 

@@ -2,7 +2,7 @@
 //! what it does when the kernel says no. No userfaultfd is opened; the pool is real memory.
 
 use super::{Handler, Kernel};
-use crate::handback::SPARSE_REACH;
+use crate::fault::handback::SPARSE_REACH;
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_SIZE};
 use crate::sys::raw::Errno;
 use crate::sys::uffd::{Msg, Progress};
@@ -750,7 +750,7 @@ fn a_window_ahead_after_the_wake_moves_huge_pages_in_address_order_and_yields_to
     let r = s.ranges.find(BASE).unwrap();
     let got = stream(&mut h, &s, 5);
     // With huge pages the 1024 window is stretched to end one page short of a PMD boundary
-    // (predict.rs). Confirmed at the fifth fault (page 1535, the last of its PMD): its own
+    // (fault/window.rs). Confirmed at the fifth fault (page 1535, the last of its PMD): its own
     // window ends at the PMD boundary after the next one (page 2048: with one page to write
     // the woken thread would overtake the handler), then 2048 pages ahead in whole PMDs.
     assert_eq!(got[..4], [16, 64, 256, 1199]);

@@ -1,6 +1,6 @@
 //! What each range knows of its PMDs: one bit per PMD for "may hold a page table" (a huge
 //! page moved into a table would be split), and the program's huge-page and access advice
-//! (see `thp.rs` for what the handler does with them).
+//! (see `fault/huge.rs` for what the handler does with them).
 
 use crate::memory::pagemap::PageMap;
 use crate::page::{bytes, PMD_SIZE};

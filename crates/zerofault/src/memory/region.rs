@@ -44,19 +44,19 @@ pub(crate) struct Range {
     pub(crate) handbacks: AtomicU32,
     /// The engine chose this memory's huge-page advice (`MADV_NOHUGEPAGE` on an
     /// [`crate::Engine::map`] region), not the program: lent to the kernel, it is advised
-    /// `MADV_HUGEPAGE` for the loan (see [`crate::handback`]).
+    /// `MADV_HUGEPAGE` for the loan (see [`crate::fault::handback`]).
     pub(crate) own_advice: AtomicBool,
     /// Loans to the kernel this memory came back from (each next loan lasts twice as long).
     pub(crate) loans: AtomicU32,
     /// Write windows of a PMD or more in a row that the huge ring could not fill
-    /// ([`crate::handback::Lending::starved`]).
+    /// ([`crate::fault::handback::Lending::starved`]).
     pub(crate) starved: AtomicU32,
     /// Whether the program writes what it reads here (`fault/reads.rs`).
     pub(crate) reads: Mutex<Reads>,
 }
 
 /// Unpredicted faults in a row in one range, and where they fell: the hand-back's count
-/// (`handback.rs` keeps it and says when the run goes back to the kernel).
+/// (`fault/handback.rs` keeps it and says when the run goes back to the kernel).
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct MissRun {
     pub(crate) count: u64,

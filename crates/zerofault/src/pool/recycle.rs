@@ -444,7 +444,7 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
             at = seg_end;
             continue;
         }
-        // A whole PMD the engine filled with a huge page (no page table: see thp.rs).
+        // A whole PMD the engine filled with a huge page (no page table: see fault/huge.rs).
         let whole = at % PMD_SIZE == 0 && seg_end == pmd_end && claimed == PMD_PAGES && !range.pmds.has_table(at);
         if whole {
             recycle_huge(&homes, at, &mut huge_closed, &mut mv, &mut done);

@@ -42,7 +42,7 @@
 //! stride are sparse too, from the [`SPARSE_MISSES`]th (a stride past the window), and so is a
 //! stream going down, a stack, from its [`SPARSE_MISSES`]th new low (windows go up: each of
 //! its faults misses, and a round trip a page is ten native faults). The handler gives a sparse stream's
-//! way ahead back to the kernel (`handback.rs`), which faults only what the program touches,
+//! way ahead back to the kernel (`fault/handback.rs`), which faults only what the program touches,
 //! at native speed.
 //!
 

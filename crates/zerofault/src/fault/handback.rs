@@ -27,11 +27,11 @@
 //! that nothing else registered meanwhile. Pages the kernel made stay; the engine serves the
 //! holes again, in 4 KiB windows (any PMD may hold a page table now).
 
+use crate::fault::window::{Outcome, STREAMS};
 use crate::fault::{Handler, Kernel};
 use crate::memory::region::MissRun;
 use crate::memory::region::Range;
 use crate::page::{bytes, pages, pmd_start, PMD_PAGES, PMD_SIZE};
-use crate::predict::{Outcome, STREAMS};
 use crate::stats::{nanos, Stats};
 use crate::sync;
 use crate::sys::mman;
@@ -402,7 +402,7 @@ impl<K: Kernel> Handler<'_, K> {
         self.give_back(range, first, end, true)
     }
 
-    /// A sparse stream at `page` of `range`, going `stride` pages a fault (see predict.rs):
+    /// A sparse stream at `page` of `range`, going `stride` pages a fault (see fault/window.rs):
     /// the next [`SPARSE_REACH`] pages its way (or [`SPARSE_STRIDES`], if more), in whole PMDs from
     /// the fault's, go back to the kernel. True when the faulting page went with them.
     ///
@@ -708,7 +708,7 @@ fn take_back(shared: &Shared, k: &impl Kernel, loan: &Loan) -> Result<bool, crat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::predict::{Predictor, Tuning};
+    use crate::fault::window::{Predictor, Tuning};
     use crate::testing::Lcg;
 
     const T: Tuning = crate::testing::TUNING;
