@@ -146,13 +146,14 @@
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("zerofault serves 64-bit Linux (x86-64, arm64) only");
 
+mod config;
 mod engine;
 mod fault;
 mod grow;
 mod machine;
 mod memory;
 mod nodes;
-pub mod options;
+pub use config::options;
 pub mod os;
 pub mod page;
 mod pool;
