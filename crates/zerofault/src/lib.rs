@@ -91,15 +91,18 @@
 //! whole huge page into each PMD of the window, from the PMD of the fault on.
 //!
 //! ## Where things are
-//! - [`Engine`] and the state its threads share, failing open, fork: `engine.rs`.
+//! - [`Engine`], failing open, fork: `engine.rs`; the state its threads, handle and regions
+//!   share, and its one constructor: `state.rs`. The layout and its rules: docs/DESIGN.md,
+//!   "The engine's layout" (`.ci/layout` checks them).
 //! - The life of a fault (`fault/`): the handler threads' loop and dispatch, and what they
 //!   share (`fault/handler.rs`; the protocol between them: docs/SCALING.md), locating a fault: range, claim, window (`fault/locate.rs`), and the
 //!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), windows
 //!   ahead (`fault/ahead.rs`), reads before writes (`fault/reads.rs`), behind the `Kernel`
 //!   seam the unit tests fake (`fault/tests.rs`). A block the shim grows in small steps is
 //!   filled in the call that grew it (`grow.rs`, [`Engine::fill_grown`]).
-//! - Whole-PMD placement and the staging area: `fault/huge.rs`. The prefault
-//!   window: `fault/window.rs`. Giving random access back: `fault/handback.rs`. [`PmdShuttle`]
+//! - Whole-PMD placement and the staging area: `fault/huge.rs`. The prefault window (the
+//!   predictor): `fault/window.rs`. Giving random access back, and lending starved ranges to
+//!   the kernel: `fault/handback.rs`. [`PmdShuttle`]
 //!   (`shuttle.rs`): one huge page moved between two PMDs, what `zerofault bench-flush` times
 //!   (a move's TLB-flush interrupts, docs/SCALING.md).
 //! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
@@ -116,7 +119,8 @@
 //! - Sharing the machine with this user's other processes under the shim (`machine.rs`: at
 //!   most `cpus - 1` scrubs stepping, handlers polling only beside a free CPU; its file,
 //!   checked before it is trusted, in `sys/machine.rs`).
-//! - Knobs ([`options`], `ZEROFAULT_<NAME>`), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
+//! - Knobs (`config/`: [`options`], the table read from `ZEROFAULT_<NAME>`; `kinds.rs`, the
+//!   kinds of values), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
 //!   sizes ([`page`]).
 //! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
 //!   embedder living inside another program (the LD_PRELOAD shim) uses.
