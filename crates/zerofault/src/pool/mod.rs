@@ -55,6 +55,7 @@
 //! and a give-back racing a producer that came round (see `RingIndex::untake`).
 
 pub(crate) mod budget;
+mod dirty;
 pub(crate) mod recycle;
 mod ring;
 pub(crate) mod scrub;
