@@ -59,7 +59,9 @@ mod dirty;
 pub(crate) mod recycle;
 mod ring;
 pub(crate) mod scrub;
+mod share;
 pub(crate) mod zero;
+mod zeroer;
 
 use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
 use crate::pool::recycle::{Batch, DirtyRing};
