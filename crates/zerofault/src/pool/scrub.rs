@@ -28,7 +28,6 @@
 //!   CPU is above it. Checked before each chunk; a skipped round is counted and retried on the
 //!   next timer tick.
 
-use crate::machine::Machine;
 use crate::page::{bytes, pages, PMD_PAGES};
 use crate::pool::recycle::{DirtyRing, BATCH_PAGES};
 use crate::pool::zero::methods::ZeroMethod;
@@ -42,6 +41,11 @@ use crate::Shared;
 use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
+
+use super::share::Share;
+pub(crate) use super::zeroer::Zeroer;
+#[cfg(doc)]
+use super::zeroer::HOT;
 
 /// How the handler and the engine talk to the scrub thread.
 #[derive(Debug, Default)]
@@ -77,113 +81,6 @@ fn load_allows(limit: Option<f64>) -> bool {
     match limit.map(|l| (l, thread::loadavg_1min())) {
         Some((limit, Some(load))) => load / thread::online_cpus() as f64 <= limit,
         _ => true,
-    }
-}
-
-/// A batch freed this recently is hot (seed 003: "moments ago"): its lines may still be in
-/// the cache, if the backlog fits there.
-pub(crate) const HOT: Duration = Duration::from_millis(10);
-
-/// Bytes of cold batches `auto` zeroes with each method before it keeps the fastest.
-const TRIAL_BYTES: u64 = 8 << 20;
-
-/// The method for cold batches: the knob's, or `auto`'s measurement (see the module's docs).
-#[derive(Debug)]
-pub(crate) struct Zeroer {
-    chosen: Option<ZeroMethod>,
-    /// `auto` only: (method, bytes zeroed, CPU time) per available method.
-    trials: Vec<(ZeroMethod, u64, Duration)>,
-    /// Bytes of dirty backlog that still count as cache-hot.
-    llc: usize,
-}
-
-impl Zeroer {
-    pub(crate) fn new(knob: Option<ZeroMethod>, llc: usize, stats: &Stats) -> Zeroer {
-        let trials = match knob {
-            Some(m) => {
-                set_once(&stats.zero_method, code(m));
-                vec![]
-            }
-            None => ZeroMethod::ALL
-                .into_iter()
-                .filter(|m| m.available().is_ok())
-                .map(|m| (m, 0, Duration::ZERO))
-                .collect(),
-        };
-        Zeroer {
-            chosen: knob,
-            trials,
-            llc,
-        }
-    }
-
-    /// The method for the next cold batch.
-    pub(crate) fn cold(&self) -> ZeroMethod {
-        self.chosen.unwrap_or_else(|| {
-            self.trials
-                .iter()
-                .min_by_key(|t| t.1)
-                .map_or(ZeroMethod::Stosb, |t| t.0)
-        })
-    }
-
-    /// A cold batch of `bytes` took `cpu` with `m`. Once every method has had its share,
-    /// `auto` keeps the fastest and the stats say what each did.
-    pub(crate) fn record(&mut self, m: ZeroMethod, bytes: u64, cpu: Duration, stats: &Stats) {
-        if self.chosen.is_some() {
-            return;
-        }
-        if let Some(t) = self.trials.iter_mut().find(|t| t.0 == m) {
-            t.1 += bytes;
-            t.2 += cpu;
-        }
-        if self.trials.iter().any(|t| t.1 < TRIAL_BYTES) {
-            return;
-        }
-        let mbps = |t: &(ZeroMethod, u64, Duration)| t.1 as f64 / t.2.as_secs_f64().max(1e-9) / 1e6;
-        for t in &self.trials {
-            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "MB/s, small")]
-            let v = mbps(t) as u64;
-            set_once(
-                match t.0 {
-                    ZeroMethod::Kernel => &stats.zero_mbps_kernel,
-                    ZeroMethod::Stosb => &stats.zero_mbps_stosb,
-                    ZeroMethod::Nt => &stats.zero_mbps_nt,
-                    ZeroMethod::Clzero => &stats.zero_mbps_clzero,
-                    ZeroMethod::Dsa => &stats.zero_mbps_dsa,
-                },
-                v,
-            );
-        }
-        let best = self
-            .trials
-            .iter()
-            .max_by(|a, b| mbps(a).total_cmp(&mbps(b)))
-            .map_or(ZeroMethod::Stosb, |t| t.0);
-        set_once(&stats.zero_method, code(best));
-        self.chosen = Some(best);
-    }
-
-    /// Whether a batch stamped `age` ago, with `backlog` dirty bytes in all, is hot.
-    pub(crate) fn is_hot(&self, age: Duration, backlog: usize) -> bool {
-        age < HOT && backlog <= self.llc
-    }
-}
-
-/// Records a measurement or a choice that is one figure, not a sum: the first scrub thread to
-/// make it sets it (with a pool per node, each node's scrub measures and chooses alike).
-fn set_once(counter: &std::sync::atomic::AtomicU64, v: u64) {
-    let _ = counter.compare_exchange(0, v, Relaxed, Relaxed);
-}
-
-/// The `zero_method` counter's code of a method.
-fn code(m: ZeroMethod) -> u64 {
-    match m {
-        ZeroMethod::Kernel => 1,
-        ZeroMethod::Stosb => 2,
-        ZeroMethod::Nt => 3,
-        ZeroMethod::Clzero => 4,
-        ZeroMethod::Dsa => 5,
     }
 }
 
@@ -418,127 +315,6 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     idle.taken = pool.taken();
 }
 
-/// The scrub's share of the CPUs: it works at the program's own priority (`SCHED_OTHER`),
-/// and only while it finds a CPU to itself. Before each step it looks at its own scheduling
-/// (its CPU time, and its wait for a CPU in `/proc/thread-self/schedstat`): over the last
-/// [`SAMPLE`] of running and waiting, if it
-/// waited for a CPU more than a quarter of the time it ran, the machine has no idle CPU for it
-/// and it rests [`REST_MIN`], doubling up to [`REST_MAX`] while that lasts; the handlers copy
-/// meanwhile, as the kernel would zero. Never `SCHED_IDLE`: a thread at `SCHED_IDLE` that
-/// SIGKILL finds at work on a busy machine may be the process's last thread out and then runs
-/// the address space's teardown at almost no CPU (`shared/repro/round2/k_hold.c`, beside CPU
-/// hogs: DESIGN.md, "Exit" and "A busy machine").
-#[derive(Debug)]
-struct Share {
-    /// (ran, waited) when the current sample began.
-    mark: Option<(u64, u64)>,
-    rest: Duration,
-    until: Option<Instant>,
-    /// Counted as stepping in the machine-wide state: from a step allowed to the end of the
-    /// round, a step refused, or a wait for the program to be quiet. (A scrub that dies in a
-    /// step stops refreshing its count, which then goes stale: `machine::STALE`.)
-    stepping: bool,
-}
-
-/// Running plus waiting time a verdict needs.
-const SAMPLE: Duration = Duration::from_millis(4);
-const REST_MIN: Duration = Duration::from_millis(4);
-const REST_MAX: Duration = Duration::from_millis(32);
-/// How long a scrub waits before it looks again when other processes' scrubs hold the CPUs
-/// the machine-wide state allows scrubs.
-const MACHINE_REST: Duration = Duration::from_millis(2);
-
-impl Share {
-    fn new() -> Share {
-        Share {
-            mark: None,
-            rest: REST_MIN,
-            until: None,
-            stepping: false,
-        }
-    }
-
-    /// The round is over: no longer stepping, for the machine-wide state.
-    fn idle(&mut self, machine: &Machine) {
-        if std::mem::take(&mut self.stepping) {
-            machine.scrub_stepping(false);
-        }
-    }
-
-    /// Whether the scrub may take its next step now (`clock`: the scrub's CPU time): it has a
-    /// CPU to itself, and other processes' scrubs leave it one (`machine`; a refusal there is
-    /// a rest of [`MACHINE_REST`]).
-    fn allows(&mut self, clock: &thread::ThreadClock, stats: &Stats, machine: &Machine) -> bool {
-        let now = Instant::now();
-        // The file is read only when a rest is over.
-        if self.until.is_some_and(|t| now < t) {
-            return false;
-        }
-        // Its CPU time from the clock: schedstat's lags by up to a scheduler tick, as long as
-        // a sample.
-        let times = thread::run_delay().map(|w| (nanos(clock.read()), w));
-        if !self.decide(times, now) {
-            Stats::add(&stats.scrub_rests, 1);
-            self.idle(machine);
-            return false;
-        }
-        if !machine.scrub_may_step() {
-            Stats::add(&stats.scrub_machine_waits, 1);
-            self.idle(machine);
-            self.until = Some(now + MACHINE_REST);
-            return false;
-        }
-        if std::mem::replace(&mut self.stepping, true) {
-            machine.scrub_beat();
-        } else {
-            machine.scrub_stepping(true);
-        }
-        true
-    }
-
-    /// How long the current rest still lasts, if resting.
-    fn resting_for(&self, now: Instant) -> Option<Duration> {
-        self.until.map(|t| t.saturating_duration_since(now))
-    }
-
-    /// [`Share::allows`], given the thread's (ran, waited) now, if known (no schedstat: always).
-    fn decide(&mut self, times: Option<(u64, u64)>, now: Instant) -> bool {
-        if let Some(t) = self.until {
-            if now < t {
-                return false;
-            }
-            self.until = None;
-            self.mark = None;
-        }
-        let Some((ran, waited)) = times else {
-            return true;
-        };
-        let Some((r0, w0)) = self.mark else {
-            self.mark = Some((ran, waited));
-            return true;
-        };
-        match verdict(ran.saturating_sub(r0), waited.saturating_sub(w0)) {
-            None => true,
-            Some(true) => {
-                self.until = Some(now + self.rest);
-                self.rest = (self.rest * 2).min(REST_MAX);
-                false
-            }
-            Some(false) => {
-                self.rest = REST_MIN;
-                self.mark = Some((ran, waited));
-                true
-            }
-        }
-    }
-}
-
-/// Over a sample of `ran` ns on a CPU and `waited` ns runnable: `None` while it is shorter
-/// than [`SAMPLE`], else whether the machine is busy (waited more than a quarter of ran).
-fn verdict(ran: u64, waited: u64) -> Option<bool> {
-    (ran + waited >= nanos(SAMPLE)).then_some(waited * 4 > ran)
-}
-
 /// Stays here while a test parks the scrub ([`crate::Engine::park_scrub`]), in the middle of
 /// a step (the caller holds the pool's work lock).
 fn park(shared: &Shared) {
@@ -767,61 +543,5 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64, clock: &thread::ThreadClock, 
                 break;
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const MS: u64 = 1_000_000;
-
-    #[test]
-    fn the_scrub_is_busy_when_it_waited_more_than_a_quarter_of_what_it_ran() {
-        assert_eq!(verdict(2 * MS, MS), None, "a sample under 4 ms gives no verdict");
-        assert_eq!(verdict(4 * MS, 0), Some(false));
-        assert_eq!(verdict(4 * MS, MS), Some(false), "a quarter exactly is not busy");
-        assert_eq!(verdict(4 * MS, MS + 1), Some(true));
-        assert_eq!(
-            verdict(2 * MS, 2 * MS),
-            Some(true),
-            "a CPU shared half and half is busy"
-        );
-    }
-
-    #[test]
-    fn the_scrub_rests_longer_while_the_machine_stays_busy_and_starts_over_when_not() {
-        let t0 = Instant::now();
-        let mut s = Share::new();
-        assert!(s.decide(None, t0), "no schedstat: always");
-        assert!(s.decide(Some((0, 0)), t0), "the first look marks");
-        assert!(s.decide(Some((MS, 0)), t0), "no verdict yet");
-        // Waited as long as it ran: rests REST_MIN, then twice that, up to REST_MAX.
-        assert!(!s.decide(Some((4 * MS, 4 * MS)), t0));
-        assert!(!s.decide(Some((4 * MS, 4 * MS)), t0 + REST_MIN / 2), "still resting");
-        let mut at = t0 + REST_MIN;
-        let mut times = (4 * MS, 4 * MS);
-        assert!(s.decide(Some(times), at), "the rest is over: a new mark");
-        let mut rest = REST_MIN * 2;
-        for _ in 0..10 {
-            times = (times.0 + 4 * MS, times.1 + 4 * MS);
-            assert!(!s.decide(Some(times), at));
-            assert!(!s.decide(Some(times), at + rest - Duration::from_micros(1)));
-            at += rest;
-            assert!(s.decide(Some(times), at));
-            rest = (rest * 2).min(REST_MAX);
-        }
-        assert_eq!(s.rest, REST_MAX);
-        // A sample with a CPU to itself: the next rest is short again.
-        times = (times.0 + 8 * MS, times.1);
-        assert!(s.decide(Some(times), at));
-        assert_eq!(s.rest, REST_MIN);
-    }
-
-    #[test]
-    fn this_thread_reads_how_long_it_waited_for_a_cpu() {
-        let a = thread::run_delay().expect("/proc/thread-self/schedstat");
-        std::thread::yield_now();
-        assert!(thread::run_delay().unwrap() >= a);
     }
 }
