@@ -108,8 +108,9 @@
 //! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
 //!   may hold a page table, the program's huge-page and access advice) and the registered
 //!   ranges (`region.rs`).
-//! - The pool (`pool/`): its rings (`pool/mod.rs`), recycling the pages the program frees
-//!   into them (`recycle.rs`: the dirty rings, [`Recycled`]), the scrub thread (`scrub.rs`),
+//! - The pool (`pool/`): its clean rings (`ring.rs`), recycling the pages the program frees
+//!   into them (`recycle.rs`; the dirty rings, `dirty.rs`; [`Recycled`]), the scrub thread
+//!   (`scrub.rs`; its share of the CPUs, `share.rs`; its choice of stores, `zeroer.rs`),
 //!   what the pools may hold inside the process's memory cgroup (`budget.rs`), and zero bytes
 //!   (`zero/`: the copy path's source, `source.rs`; the zeroing methods, [`ZeroMethod`],
 //!   `methods.rs`, timed by `zerofault bench-zero`; Intel DSA's memory fill through a work
@@ -134,7 +135,7 @@
 //!
 //!   Each entry point's `# Context` paragraph says which of these runs it and what it locks.
 //! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
-//!   and `loom_tests` in `pool/mod.rs`, `memory/pagemap.rs`, `pool/recycle.rs`, `fault/handback.rs` and
+//!   and `loom_tests` in `pool/ring.rs`, `memory/pagemap.rs`, `pool/dirty.rs`, `fault/handback.rs` and
 //!   `fault/handler.rs` model the ring, the page map, the dirty ring, the recent-faulters
 //!   table and the windows in flight; debug builds check the ring's and the range table's
 //!   invariants (`is_valid`) after each change; `testing.rs` holds what the unit tests share.
