@@ -23,6 +23,8 @@
 //! - [`mman`]: mmap, munmap, mprotect, madvise, mincore.
 //! - [`numa`]: the node topology (sysfs), mbind, get_mempolicy, move_pages (query).
 //! - [`thread`]: the engine's own threads, poll, scheduling class, CPU time, load average.
+//! - [`tls`]: the process's TLS layout, and its copy for a new engine thread.
+//! - [`sched`]: the calling thread's scheduling class, CPUs, CPU time, run delay, load average.
 //! - [`cgroup`]: the memory cgroup's limit and usage.
 //! - [`machine`]: the machine-wide state's file (found, checked, mapped).
 //! - [`raw`]: the system call itself, which leaves the program's `errno` alone.
@@ -35,5 +37,7 @@ pub(crate) mod machine;
 pub(crate) mod mman;
 pub(crate) mod numa;
 pub(crate) mod raw;
+pub(crate) mod sched;
 pub(crate) mod thread;
+pub(crate) mod tls;
 pub(crate) mod uffd;
