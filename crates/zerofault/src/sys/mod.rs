@@ -21,6 +21,8 @@
 //! Modules:
 //! - [`uffd`]: userfaultfd(2) and its ioctls, including `UFFDIO_MOVE`.
 //! - [`mman`]: mmap, munmap, mprotect, madvise, mincore.
+//! - [`maps`]: what /proc/self/maps and smaps say of the process's mappings.
+//! - [`pagemap`]: the page-table walk over /proc/self/pagemap (`PAGEMAP_SCAN`).
 //! - [`numa`]: the node topology (sysfs), mbind, get_mempolicy, move_pages (query).
 //! - [`thread`]: the engine's own threads, poll, scheduling class, CPU time, load average.
 //! - [`tls`]: the process's TLS layout, and its copy for a new engine thread.
@@ -34,8 +36,10 @@
 pub(crate) mod alloc;
 pub(crate) mod cgroup;
 pub(crate) mod machine;
+pub(crate) mod maps;
 pub(crate) mod mman;
 pub(crate) mod numa;
+pub(crate) mod pagemap;
 pub(crate) mod raw;
 pub(crate) mod sched;
 pub(crate) mod thread;
