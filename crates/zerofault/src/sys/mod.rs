@@ -20,6 +20,7 @@
 //!
 //! Modules:
 //! - [`uffd`]: userfaultfd(2) and its ioctls, including `UFFDIO_MOVE`.
+//! - [`uffd_msg`]: the messages a userfaultfd delivers, and their decoding.
 //! - [`mman`]: mmap, munmap, mprotect, madvise, mincore.
 //! - [`maps`]: what /proc/self/maps and smaps say of the process's mappings.
 //! - [`pagemap`]: the page-table walk over /proc/self/pagemap (`PAGEMAP_SCAN`).
@@ -45,3 +46,4 @@ pub(crate) mod sched;
 pub(crate) mod thread;
 pub(crate) mod tls;
 pub(crate) mod uffd;
+pub(crate) mod uffd_msg;
