@@ -20,9 +20,14 @@
 //!
 //! Modules:
 //! - [`uffd`]: userfaultfd(2) and its ioctls, including `UFFDIO_MOVE`.
+//! - [`uffd_msg`]: the messages a userfaultfd delivers, and their decoding.
 //! - [`mman`]: mmap, munmap, mprotect, madvise, mincore.
+//! - [`maps`]: what /proc/self/maps and smaps say of the process's mappings.
+//! - [`pagemap`]: the page-table walk over /proc/self/pagemap (`PAGEMAP_SCAN`).
 //! - [`numa`]: the node topology (sysfs), mbind, get_mempolicy, move_pages (query).
 //! - [`thread`]: the engine's own threads, poll, scheduling class, CPU time, load average.
+//! - [`tls`]: the process's TLS layout, and its copy for a new engine thread.
+//! - [`sched`]: the calling thread's scheduling class, CPUs, CPU time, run delay, load average.
 //! - [`cgroup`]: the memory cgroup's limit and usage.
 //! - [`machine`]: the machine-wide state's file (found, checked, mapped).
 //! - [`raw`]: the system call itself, which leaves the program's `errno` alone.
@@ -32,8 +37,13 @@
 pub(crate) mod alloc;
 pub(crate) mod cgroup;
 pub(crate) mod machine;
+pub(crate) mod maps;
 pub(crate) mod mman;
 pub(crate) mod numa;
+pub(crate) mod pagemap;
 pub(crate) mod raw;
+pub(crate) mod sched;
 pub(crate) mod thread;
+pub(crate) mod tls;
 pub(crate) mod uffd;
+pub(crate) mod uffd_msg;

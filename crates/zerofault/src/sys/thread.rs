@@ -1,15 +1,21 @@
 //! Thread-level syscalls: the engine's own threads, scheduling class, CPU affinity,
-//! thread CPU time, tid, a one-instruction thread id, load average.
+//! thread CPU time, tid, a one-instruction thread id, load average. The scheduling and CPU
+//! calls are in [`super::sched`] and the TLS layout in [`super::tls`], re-exported here.
 
 // The clone(2) path is x86-64 only; elsewhere its pieces are unused.
 #![cfg_attr(not(target_arch = "x86_64"), allow(dead_code, unused_imports))]
 
 use super::mman::{self, PAGE_SIZE};
 use super::raw;
-use crate::page::index;
+pub(crate) use super::sched::{
+    allowed_cpus, leave_realtime, llc_bytes, loadavg_1min, online_cpus, run_delay, short_slice, ThreadClock,
+};
+pub use super::tls::prepare;
+#[cfg(target_arch = "x86_64")]
+use super::tls::set_up_tls;
+use super::tls::{read_layout, DTV_SLOTS, LAYOUT};
 use std::io;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
-use std::sync::OnceLock;
 use std::time::Duration;
 
 // ---------------------------------------------------------------------------------------------
@@ -40,48 +46,6 @@ use std::time::Duration;
 const STACK: usize = 512 << 10;
 /// Bytes reserved for glibc's `struct pthread` at the thread pointer (2,304 in glibc 2.36).
 const TCB: usize = 16 << 10;
-/// TLS vector slots: module ids up to this need no reallocation by glibc.
-const DTV_SLOTS: usize = 4096;
-/// glibc's `TLS_DTV_UNALLOCATED`.
-const DTV_UNALLOCATED: usize = usize::MAX;
-const MAX_MODULES: usize = 64;
-
-/// One module's TLS block.
-#[derive(Clone, Copy, Debug, Default)]
-struct TlsModule {
-    modid: usize,
-    /// Thread pointer minus the block's address (the same on every thread) for a block in
-    /// static TLS; 0 for a dynamic one (a dlopen()ed module, this library among them when the
-    /// shim's front loaded it), which an engine thread gets in its own mapping instead.
-    offset: usize,
-    image: usize,
-    filesz: usize,
-    memsz: usize,
-    align: usize,
-}
-
-/// The process's TLS, read once (at load, by the shim's constructor, or at the first engine
-/// start): the modules with TLS and the size glibc reserves below the thread pointer.
-#[derive(Debug)]
-struct TlsLayout {
-    /// Bytes below the thread pointer.
-    below: usize,
-    align: usize,
-    /// Static modules first (`modules[..n]`), then dynamic ones (`modules[n..n + dynamic]`).
-    n: usize,
-    dynamic: usize,
-    modules: [TlsModule; MAX_MODULES],
-}
-
-impl TlsLayout {
-    /// Bytes an engine thread needs for the dynamic modules' blocks, each aligned.
-    fn dynamic_bytes(&self) -> usize {
-        self.modules[self.n..self.n + self.dynamic]
-            .iter()
-            .fold(0usize, |at, m| at.next_multiple_of(m.align) + m.memsz)
-            + 64
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Which threads are engine threads
@@ -205,7 +169,7 @@ fn mark_multi_threaded() {}
 /// The calling thread's thread pointer (`%fs:0`, glibc's self-pointer).
 #[cfg(target_arch = "x86_64")]
 #[inline]
-fn tcb_word(offset: usize) -> usize {
+pub(super) fn tcb_word(offset: usize) -> usize {
     let v: usize;
     // SAFETY: glibc's x86-64 TCB starts at %fs and holds at least 0x80 bytes of header words;
     // the offsets read here are 0, 8, 0x28, 0x30.
@@ -245,102 +209,6 @@ pub fn thread_id() -> usize {
         static ME: u8 = const { 0 };
     }
     ME.with(|b| b as *const u8 as usize)
-}
-
-static LAYOUT: OnceLock<Result<TlsLayout, &'static str>> = OnceLock::new();
-
-/// Reads the static TLS layout of the process. Call it where the dynamic loader's lock is
-/// safe to take (not from inside another allocator's hook): the shim's constructor does.
-/// Cheap after the first call.
-pub fn prepare() -> Result<(), &'static str> {
-    LAYOUT.get_or_init(read_layout).as_ref().map(|_| ()).map_err(|e| *e)
-}
-
-#[cfg(target_arch = "x86_64")]
-fn read_layout() -> Result<TlsLayout, &'static str> {
-    type StaticInfo = unsafe extern "C" fn(*mut usize, *mut usize);
-    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name; null when absent.
-    let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
-    let (mut size, mut align) = (0usize, 64usize);
-    if !f.is_null() {
-        // SAFETY: glibc's _dl_get_tls_static_info(size_t *, size_t *) writes two words.
-        unsafe { std::mem::transmute::<*mut libc::c_void, StaticInfo>(f)(&mut size, &mut align) };
-    }
-    let tp = tcb_word(0);
-    let mut l = TlsLayout {
-        below: size,
-        align: align.max(64),
-        n: 0,
-        dynamic: 0,
-        modules: [TlsModule::default(); MAX_MODULES],
-    };
-    extern "C" fn each(info: *mut libc::dl_phdr_info, _: usize, data: *mut libc::c_void) -> libc::c_int {
-        // SAFETY: dl_iterate_phdr passes a valid info for the duration of the call, and `data`
-        // is the `(tp, &mut TlsLayout)` pair below.
-        let (info, (tp, l)) = unsafe { (&*info, &mut *data.cast::<(usize, &mut TlsLayout)>()) };
-        // The calling thread's block of the module: null for a dynamic module this thread has
-        // not touched yet.
-        let block = info.dlpi_tls_data as usize;
-        if info.dlpi_tls_modid == 0 || l.n == MAX_MODULES {
-            return 0;
-        }
-        // SAFETY: dlpi_phdr points to dlpi_phnum program headers of the module.
-        let phdrs = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-        if let Some(h) = phdrs.iter().find(|h| h.p_type == libc::PT_TLS) {
-            l.modules[l.n] = TlsModule {
-                modid: info.dlpi_tls_modid,
-                offset: if block != 0 && block < *tp { *tp - block } else { 0 },
-                image: index(info.dlpi_addr) + index(h.p_vaddr),
-                filesz: index(h.p_filesz),
-                memsz: index(h.p_memsz),
-                align: index(h.p_align).clamp(1, PAGE_SIZE).next_power_of_two(),
-            };
-            l.n += 1;
-        }
-        0
-    }
-    let mut data = (tp, &mut l);
-    // SAFETY: the callback only reads what dl_iterate_phdr hands it and writes `data`.
-    unsafe { libc::dl_iterate_phdr(Some(each), (&raw mut data).cast::<libc::c_void>()) };
-    // Blocks below the thread pointer within glibc's static size are static; the others are
-    // dynamic (dlopen()ed modules, allocated elsewhere, or not yet in this thread): an engine
-    // thread gets its own copy of each, so that glibc never allocates one for it (through the
-    // program's malloc).
-    let deepest = l.modules[..l.n].iter().map(|m| m.offset).max().unwrap_or(0);
-    if l.below == 0 {
-        l.below = deepest + (64 << 10);
-    }
-    let below = l.below;
-    let all = l.n;
-    let is_static = |m: &TlsModule| m.offset != 0 && m.offset <= below && m.offset >= m.memsz;
-    let mut ordered = [TlsModule::default(); MAX_MODULES];
-    let mut k = 0;
-    for m in l.modules[..all].iter().filter(|m| is_static(m)) {
-        ordered[k] = *m;
-        k += 1;
-    }
-    l.n = k;
-    for m in l.modules[..all]
-        .iter()
-        .filter(|m| !is_static(m) && m.modid <= DTV_SLOTS)
-    {
-        ordered[k] = *m;
-        k += 1;
-    }
-    l.dynamic = k - l.n;
-    l.modules = ordered;
-    Ok(l)
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn read_layout() -> Result<TlsLayout, &'static str> {
-    Ok(TlsLayout {
-        below: 0,
-        align: 64,
-        n: 0,
-        dynamic: 0,
-        modules: [TlsModule::default(); MAX_MODULES],
-    })
 }
 
 /// A thread made by [`spawn`]. Dropping the handle detaches it (its memory then lives as long
@@ -494,59 +362,6 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
     })
 }
 
-/// Fills a new engine thread's TLS, DTV and thread control block (at thread pointer `tp`, the
-/// DTV at `dtv`, the dynamic modules' blocks from `dynamic`) from `layout`, as glibc would.
-///
-/// # Safety
-/// The memory below `tp` for the static modules' blocks, the TCB at `tp`, the DTV at `dtv`
-/// (`DTV_SLOTS + 2` slots of 16 bytes) and `layout.dynamic_bytes()` from `dynamic` must be a
-/// fresh zeroed read-write mapping of the caller's that no one else uses yet.
-///
-/// # Context
-/// The thread spawning an engine thread (from `spawn_impl`), before the clone; takes no lock,
-/// does not sleep.
-#[cfg(target_arch = "x86_64")]
-unsafe fn set_up_tls(layout: &TlsLayout, tp: usize, dtv: usize, dynamic: usize) {
-    // SAFETY: every write below lands inside the caller's mapping: static module blocks end
-    // at tp (offset >= memsz), the DTV and the tid word are above the TCB, the dynamic blocks
-    // above those (dynamic_bytes).
-    unsafe {
-        for m in &layout.modules[..layout.n] {
-            std::ptr::copy_nonoverlapping(m.image as *const u8, (tp - m.offset) as *mut u8, m.filesz);
-        }
-        let slots = dtv as *mut [usize; 2];
-        // dtv[-1].counter: slots allocated.
-        (*slots)[0] = DTV_SLOTS;
-        // dtv[0].counter: the TLS generation this vector is up to date with. The highest there
-        // is: glibc's __tls_get_addr then never updates the vector (which would drop the
-        // blocks set below and allocate new ones with malloc); it finds every block here.
-        (*slots.add(1))[0] = usize::MAX;
-        for i in 1..=DTV_SLOTS {
-            (*slots.add(1 + i))[0] = DTV_UNALLOCATED;
-        }
-        for m in &layout.modules[..layout.n] {
-            if m.modid <= DTV_SLOTS {
-                *slots.add(1 + m.modid) = [tp - m.offset, 0];
-            }
-        }
-        let mut at = dynamic;
-        for m in &layout.modules[layout.n..layout.n + layout.dynamic] {
-            at = at.next_multiple_of(m.align);
-            std::ptr::copy_nonoverlapping(m.image as *const u8, at as *mut u8, m.filesz);
-            // [address, to_free]: nothing for glibc to free.
-            *slots.add(1 + m.modid) = [at, 0];
-            at += m.memsz;
-        }
-        let tcb = tp as *mut usize;
-        *tcb = tp; // header.tcb
-        *tcb.add(1) = dtv + 16; // header.dtv points at dtv[0]
-        *tcb.add(2) = tp; // header.self
-        *(tp as *mut u32).add(6) = 1; // header.multiple_threads
-        *tcb.add(5) = tcb_word(0x28); // header.stack_guard
-        *tcb.add(6) = tcb_word(0x30); // header.pointer_guard
-    }
-}
-
 #[cfg(not(target_arch = "x86_64"))]
 fn spawn_impl(start: Start) -> io::Result<EngineThread> {
     let _mask = Blocked::all();
@@ -606,97 +421,6 @@ impl EngineThread {
     }
 }
 
-/// `struct sched_attr`, its first version (48 bytes).
-#[repr(C)]
-#[derive(Default)]
-struct SchedAttr {
-    size: u32,
-    policy: u32,
-    flags: u64,
-    nice: i32,
-    priority: u32,
-    runtime: u64,
-    deadline: u64,
-    period: u64,
-}
-
-const SCHED_ATTR_SIZE: u32 = 48;
-const _: () = assert!(std::mem::size_of::<SchedAttr>() == SCHED_ATTR_SIZE as usize);
-/// `SCHED_FLAG_RESET_ON_FORK`: the one flag carried over.
-const RESET_ON_FORK: u64 = 1;
-
-/// The calling thread's scheduling attributes (`sched_getattr`).
-fn sched_attr() -> Option<SchedAttr> {
-    let mut attr = SchedAttr::default();
-    // SAFETY: sched_getattr of the calling thread (0) into a buffer of the size passed.
-    unsafe {
-        raw::call(
-            libc::SYS_sched_getattr,
-            [
-                0,
-                &mut attr as *mut SchedAttr as usize,
-                SCHED_ATTR_SIZE as usize,
-                0,
-                0,
-                0,
-            ],
-        )
-    }
-    .ok()?;
-    Some(attr)
-}
-
-fn set_sched_attr(attr: &SchedAttr) -> bool {
-    // SAFETY: sched_setattr on the calling thread (0) with a valid, sized attribute.
-    unsafe {
-        raw::call(
-            libc::SYS_sched_setattr,
-            [0, attr as *const SchedAttr as usize, 0, 0, 0, 0],
-        )
-    }
-    .is_ok()
-}
-
-/// Asks the scheduler for the shortest time slice it grants (EEVDF's custom slice, Linux
-/// 6.12: `sched_runtime` at its minimum, 100 us) at the thread's own policy and nice: a thread
-/// that wakes with a shorter slice has an earlier deadline and runs at once where one with the
-/// default slice waits behind the thread on the CPU. Its share of the CPU stays what its nice gives.
-/// For a thread that runs briefly each time it wakes (a fault handler). Only a thread at
-/// `SCHED_OTHER` or `SCHED_BATCH`: any other policy is the program's choice (real-time, idle,
-/// sched_ext) and is left as it is. Whether the call was accepted (a kernel before 6.12
-/// accepts the attribute and ignores it).
-pub(crate) fn short_slice() -> bool {
-    let Some(now) = sched_attr() else { return false };
-    if now.policy != libc::SCHED_OTHER as u32 && now.policy != libc::SCHED_BATCH as u32 {
-        return false;
-    }
-    set_sched_attr(&SchedAttr {
-        size: SCHED_ATTR_SIZE,
-        policy: now.policy,
-        flags: now.flags & RESET_ON_FORK,
-        nice: now.nice,
-        runtime: 100_000,
-        ..SchedAttr::default()
-    })
-}
-
-/// Leaves a real-time policy (`SCHED_FIFO`, `SCHED_RR`) the thread inherited from the
-/// program's thread that started it, for `SCHED_OTHER` at its nice: for a thread that works
-/// in the background (the scrub), which at a real-time priority would take the CPU from
-/// every normal thread, the program's included. Any other policy is left as it is.
-pub(crate) fn leave_realtime() {
-    let Some(now) = sched_attr() else { return };
-    if now.policy == libc::SCHED_FIFO as u32 || now.policy == libc::SCHED_RR as u32 {
-        set_sched_attr(&SchedAttr {
-            size: SCHED_ATTR_SIZE,
-            policy: libc::SCHED_OTHER as u32,
-            flags: now.flags & RESET_ON_FORK,
-            nice: now.nice,
-            ..SchedAttr::default()
-        });
-    }
-}
-
 /// Waits (at most a second) until none of `tids` is a thread of this process any more. A
 /// joined thread's tid word is cleared when it leaves its memory, a little before the kernel
 /// takes it out of the thread group; `unshare(CLONE_NEWUSER)` needs it out.
@@ -719,85 +443,6 @@ pub(crate) fn wait_gone(tids: &[u32]) {
 pub(crate) fn gettid() -> u32 {
     // SAFETY: gettid has no arguments and no side effect.
     u32::try_from(unsafe { raw::syscall(libc::SYS_gettid, [0; 6]) }).unwrap_or(0)
-}
-
-/// Number of CPUs the calling thread may run on (sched_getaffinity, up to 4096 CPUs; the
-/// online CPUs if the call fails). A raw system call: no libc path that could allocate.
-pub(crate) fn allowed_cpus() -> usize {
-    let mut mask = [0u64; 64];
-    // SAFETY: the kernel writes at most `size_of_val(&mask)` bytes into `mask`.
-    let r = unsafe {
-        raw::call(
-            libc::SYS_sched_getaffinity,
-            [0, std::mem::size_of_val(&mask), mask.as_mut_ptr() as usize, 0, 0, 0],
-        )
-    };
-    match r {
-        Ok(_) => (mask.iter().map(|w| w.count_ones() as usize).sum::<usize>()).max(1),
-        Err(_) => online_cpus(),
-    }
-}
-
-/// Number of online CPUs.
-pub(crate) fn online_cpus() -> usize {
-    // SAFETY: sysconf has no preconditions.
-    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-    usize::try_from(n.max(1)).unwrap_or(1)
-}
-
-/// The size of CPU 0's last-level cache in bytes (the highest `level` under
-/// /sys/devices/system/cpu/cpu0/cache), if sysfs says.
-pub(crate) fn llc_bytes() -> Option<usize> {
-    let mut best: Option<(u32, usize)> = None;
-    for i in 0..8 {
-        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
-        let Ok(level) = std::fs::read_to_string(format!("{dir}/level")) else {
-            break;
-        };
-        let Ok(size) = std::fs::read_to_string(format!("{dir}/size")) else {
-            continue;
-        };
-        let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), cache_size(size.trim())) else {
-            continue;
-        };
-        if best.is_none_or(|(l, _)| level > l) {
-            best = Some((level, size));
-        }
-    }
-    best.map(|(_, s)| s)
-}
-
-/// A cache size as sysfs writes it: a count with a binary suffix (`48K`, `36608K`, `2M`).
-fn cache_size(s: &str) -> Option<usize> {
-    let (digits, shift) = match s.as_bytes().last()? {
-        b'K' => (&s[..s.len() - 1], 10),
-        b'M' => (&s[..s.len() - 1], 20),
-        b'G' => (&s[..s.len() - 1], 30),
-        _ => (s, 0),
-    };
-    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
-}
-
-/// How long, in all, the calling thread waited runnable for a CPU, in ns (the second field
-/// of `/proc/thread-self/schedstat`, CONFIG_SCHED_INFO; `None` without it), read with raw
-/// system calls. Opened for each read: a descriptor kept open is one a program that closes
-/// every descriptor it did not open (a daemon starting up) would close under us, and its
-/// number reused for the program's own file.
-pub(crate) fn run_delay() -> Option<u64> {
-    let mut buf = [0u8; 128];
-    let n = super::numa::read_small(b"/proc/thread-self/schedstat\0", &mut buf)?;
-    std::str::from_utf8(&buf[..n])
-        .ok()?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
-/// The 1-minute load average (from /proc/loadavg), if readable.
-pub(crate) fn loadavg_1min() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
-    s.split_whitespace().next()?.parse().ok()
 }
 
 /// A numeric field of this process's `/proc/self/status` ("TracerPid:\t123", "VmPTE:\t 88 kB":
@@ -834,43 +479,6 @@ pub fn seccomp_filtered() -> bool {
     status_field("Seccomp").is_some_and(|m| m != 0)
 }
 
-/// The CPU-time clock of one thread, readable from any thread while it lives.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct ThreadClock(libc::clockid_t);
-
-impl ThreadClock {
-    /// The clock of the calling thread, by its tid (the kernel's CPUCLOCK_PERTHREAD encoding,
-    /// as glibc's pthread_getcpuclockid computes it), so that it works on engine threads too.
-    pub(crate) fn current() -> ThreadClock {
-        let tid = gettid() as libc::clockid_t;
-        ThreadClock((!tid << 3) | 4 | 2)
-    }
-
-    /// CPU time used so far. Only meaningful while the thread lives.
-    pub(crate) fn read(&self) -> Duration {
-        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-        // SAFETY: `ts` is a valid timespec to write into; a stale clock id yields EINVAL and
-        // leaves `ts` zero.
-        let _ = unsafe {
-            raw::call(
-                libc::SYS_clock_gettime,
-                [
-                    raw::int_arg(self.0),
-                    &mut ts as *mut libc::timespec as usize,
-                    0,
-                    0,
-                    0,
-                    0,
-                ],
-            )
-        };
-        Duration::new(
-            u64::try_from(ts.tv_sec).unwrap_or(0),
-            u32::try_from(ts.tv_nsec).unwrap_or(0),
-        )
-    }
-}
-
 #[cfg(test)]
 #[allow(
     clippy::cast_possible_truncation,
@@ -880,16 +488,6 @@ impl ThreadClock {
 mod tests {
     use super::*;
     use std::cell::Cell;
-
-    #[test]
-    fn cache_sizes_read_as_sysfs_writes_them() {
-        assert_eq!(cache_size("48K"), Some(48 << 10));
-        assert_eq!(cache_size("36608K"), Some(36608 << 10));
-        assert_eq!(cache_size("2M"), Some(2 << 20));
-        assert_eq!(cache_size("512"), Some(512));
-        assert_eq!(cache_size("K"), None);
-        assert_eq!(cache_size(""), None);
-    }
     use std::sync::atomic::{AtomicU64, AtomicUsize};
     use std::sync::Arc;
 

@@ -1,0 +1,229 @@
+//! The calling thread's scheduling and the CPUs it runs on: its scheduling class (a short
+//! slice, leaving a real-time policy), the CPUs it may use and the last-level cache, its CPU
+//! time and how long it waited for a CPU, the load average.
+
+use super::raw;
+use super::thread::gettid;
+use std::time::Duration;
+
+/// `struct sched_attr`, its first version (48 bytes).
+#[repr(C)]
+#[derive(Default)]
+struct SchedAttr {
+    size: u32,
+    policy: u32,
+    flags: u64,
+    nice: i32,
+    priority: u32,
+    runtime: u64,
+    deadline: u64,
+    period: u64,
+}
+
+const SCHED_ATTR_SIZE: u32 = 48;
+const _: () = assert!(std::mem::size_of::<SchedAttr>() == SCHED_ATTR_SIZE as usize);
+/// `SCHED_FLAG_RESET_ON_FORK`: the one flag carried over.
+const RESET_ON_FORK: u64 = 1;
+
+/// The calling thread's scheduling attributes (`sched_getattr`).
+fn sched_attr() -> Option<SchedAttr> {
+    let mut attr = SchedAttr::default();
+    // SAFETY: sched_getattr of the calling thread (0) into a buffer of the size passed.
+    unsafe {
+        raw::call(
+            libc::SYS_sched_getattr,
+            [
+                0,
+                &mut attr as *mut SchedAttr as usize,
+                SCHED_ATTR_SIZE as usize,
+                0,
+                0,
+                0,
+            ],
+        )
+    }
+    .ok()?;
+    Some(attr)
+}
+
+fn set_sched_attr(attr: &SchedAttr) -> bool {
+    // SAFETY: sched_setattr on the calling thread (0) with a valid, sized attribute.
+    unsafe {
+        raw::call(
+            libc::SYS_sched_setattr,
+            [0, attr as *const SchedAttr as usize, 0, 0, 0, 0],
+        )
+    }
+    .is_ok()
+}
+
+/// Asks the scheduler for the shortest time slice it grants (EEVDF's custom slice, Linux
+/// 6.12: `sched_runtime` at its minimum, 100 us) at the thread's own policy and nice: a thread
+/// that wakes with a shorter slice has an earlier deadline and runs at once where one with the
+/// default slice waits behind the thread on the CPU. Its share of the CPU stays what its nice gives.
+/// For a thread that runs briefly each time it wakes (a fault handler). Only a thread at
+/// `SCHED_OTHER` or `SCHED_BATCH`: any other policy is the program's choice (real-time, idle,
+/// sched_ext) and is left as it is. Whether the call was accepted (a kernel before 6.12
+/// accepts the attribute and ignores it).
+pub(crate) fn short_slice() -> bool {
+    let Some(now) = sched_attr() else { return false };
+    if now.policy != libc::SCHED_OTHER as u32 && now.policy != libc::SCHED_BATCH as u32 {
+        return false;
+    }
+    set_sched_attr(&SchedAttr {
+        size: SCHED_ATTR_SIZE,
+        policy: now.policy,
+        flags: now.flags & RESET_ON_FORK,
+        nice: now.nice,
+        runtime: 100_000,
+        ..SchedAttr::default()
+    })
+}
+
+/// Leaves a real-time policy (`SCHED_FIFO`, `SCHED_RR`) the thread inherited from the
+/// program's thread that started it, for `SCHED_OTHER` at its nice: for a thread that works
+/// in the background (the scrub), which at a real-time priority would take the CPU from
+/// every normal thread, the program's included. Any other policy is left as it is.
+pub(crate) fn leave_realtime() {
+    let Some(now) = sched_attr() else { return };
+    if now.policy == libc::SCHED_FIFO as u32 || now.policy == libc::SCHED_RR as u32 {
+        set_sched_attr(&SchedAttr {
+            size: SCHED_ATTR_SIZE,
+            policy: libc::SCHED_OTHER as u32,
+            flags: now.flags & RESET_ON_FORK,
+            nice: now.nice,
+            ..SchedAttr::default()
+        });
+    }
+}
+
+/// Number of CPUs the calling thread may run on (sched_getaffinity, up to 4096 CPUs; the
+/// online CPUs if the call fails). A raw system call: no libc path that could allocate.
+pub(crate) fn allowed_cpus() -> usize {
+    let mut mask = [0u64; 64];
+    // SAFETY: the kernel writes at most `size_of_val(&mask)` bytes into `mask`.
+    let r = unsafe {
+        raw::call(
+            libc::SYS_sched_getaffinity,
+            [0, std::mem::size_of_val(&mask), mask.as_mut_ptr() as usize, 0, 0, 0],
+        )
+    };
+    match r {
+        Ok(_) => (mask.iter().map(|w| w.count_ones() as usize).sum::<usize>()).max(1),
+        Err(_) => online_cpus(),
+    }
+}
+
+/// Number of online CPUs.
+pub(crate) fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n.max(1)).unwrap_or(1)
+}
+
+/// The size of CPU 0's last-level cache in bytes (the highest `level` under
+/// /sys/devices/system/cpu/cpu0/cache), if sysfs says.
+pub(crate) fn llc_bytes() -> Option<usize> {
+    let mut best: Option<(u32, usize)> = None;
+    for i in 0..8 {
+        let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
+        let Ok(level) = std::fs::read_to_string(format!("{dir}/level")) else {
+            break;
+        };
+        let Ok(size) = std::fs::read_to_string(format!("{dir}/size")) else {
+            continue;
+        };
+        let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), cache_size(size.trim())) else {
+            continue;
+        };
+        if best.is_none_or(|(l, _)| level > l) {
+            best = Some((level, size));
+        }
+    }
+    best.map(|(_, s)| s)
+}
+
+/// A cache size as sysfs writes it: a count with a binary suffix (`48K`, `36608K`, `2M`).
+fn cache_size(s: &str) -> Option<usize> {
+    let (digits, shift) = match s.as_bytes().last()? {
+        b'K' => (&s[..s.len() - 1], 10),
+        b'M' => (&s[..s.len() - 1], 20),
+        b'G' => (&s[..s.len() - 1], 30),
+        _ => (s, 0),
+    };
+    digits.parse::<usize>().ok()?.checked_mul(1 << shift)
+}
+
+/// How long, in all, the calling thread waited runnable for a CPU, in ns (the second field
+/// of `/proc/thread-self/schedstat`, CONFIG_SCHED_INFO; `None` without it), read with raw
+/// system calls. Opened for each read: a descriptor kept open is one a program that closes
+/// every descriptor it did not open (a daemon starting up) would close under us, and its
+/// number reused for the program's own file.
+pub(crate) fn run_delay() -> Option<u64> {
+    let mut buf = [0u8; 128];
+    let n = super::numa::read_small(b"/proc/thread-self/schedstat\0", &mut buf)?;
+    std::str::from_utf8(&buf[..n])
+        .ok()?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// The 1-minute load average (from /proc/loadavg), if readable.
+pub(crate) fn loadavg_1min() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    s.split_whitespace().next()?.parse().ok()
+}
+
+/// The CPU-time clock of one thread, readable from any thread while it lives.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ThreadClock(libc::clockid_t);
+
+impl ThreadClock {
+    /// The clock of the calling thread, by its tid (the kernel's CPUCLOCK_PERTHREAD encoding,
+    /// as glibc's pthread_getcpuclockid computes it), so that it works on engine threads too.
+    pub(crate) fn current() -> ThreadClock {
+        let tid = gettid() as libc::clockid_t;
+        ThreadClock((!tid << 3) | 4 | 2)
+    }
+
+    /// CPU time used so far. Only meaningful while the thread lives.
+    pub(crate) fn read(&self) -> Duration {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: `ts` is a valid timespec to write into; a stale clock id yields EINVAL and
+        // leaves `ts` zero.
+        let _ = unsafe {
+            raw::call(
+                libc::SYS_clock_gettime,
+                [
+                    raw::int_arg(self.0),
+                    &mut ts as *mut libc::timespec as usize,
+                    0,
+                    0,
+                    0,
+                    0,
+                ],
+            )
+        };
+        Duration::new(
+            u64::try_from(ts.tv_sec).unwrap_or(0),
+            u32::try_from(ts.tv_nsec).unwrap_or(0),
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cache_sizes_read_as_sysfs_writes_them() {
+        assert_eq!(cache_size("48K"), Some(48 << 10));
+        assert_eq!(cache_size("36608K"), Some(36608 << 10));
+        assert_eq!(cache_size("2M"), Some(2 << 20));
+        assert_eq!(cache_size("512"), Some(512));
+        assert_eq!(cache_size("K"), None);
+        assert_eq!(cache_size(""), None);
+    }
+}
