@@ -151,7 +151,7 @@ impl<K: Kernel> Handler<'_, K> {
             return None;
         }
         let ready = self.ready_pages();
-        let p = self.predict(range, page_addr, write, huge_fault, ready, tid);
+        let p = self.predict(range, (page, page_addr), write, huge_fault, ready, tid);
         let w = p.w;
         self.count_outcome(&w);
         if self.handed_back(range, page, &w, tid) {
@@ -193,7 +193,7 @@ impl<K: Kernel> Handler<'_, K> {
         true
     }
 
-    /// The predictor's window for the fault at `page_addr` of `range`, widened to whole PMDs
+    /// The predictor's window for the fault at `page_addr` (page `page`) of `range`, widened to whole PMDs
     /// for a huge fault, with its window ahead (`ready`: the pages one may take at once, see
     /// [`Self::ready_pages`]); the stream is updated to the end of both.
     ///
@@ -205,13 +205,12 @@ impl<K: Kernel> Handler<'_, K> {
     fn predict(
         &self,
         range: &Range,
-        page_addr: usize,
+        (page, page_addr): (u64, usize),
         write: bool,
         huge_fault: bool,
         ready: u64,
         tid: u32,
     ) -> Predicted {
-        let page = range.page_of(page_addr);
         // With huge pages, big windows end on PMD boundaries (in the address space).
         let phase = self.stage.is_some().then_some(pages(range.start) % PMD_PAGES);
         let (tuning, opts) = (self.tuning, self.opts);
