@@ -99,7 +99,7 @@
 //!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), windows
 //!   ahead (`fault/ahead.rs`), reads before writes (`fault/reads.rs`), behind the `Kernel`
 //!   seam the unit tests fake (`fault/tests.rs`). A block the shim grows in small steps is
-//!   filled in the call that grew it (`grow.rs`, [`Engine::fill_grown`]).
+//!   filled in the call that grew it (`fault/grow.rs`, [`Engine::fill_grown`]).
 //! - Whole-PMD placement and the staging area: `fault/huge.rs`. The prefault window (the
 //!   predictor): `fault/window.rs`. Giving random access back, and lending starved ranges to
 //!   the kernel: `fault/handback.rs`. [`PmdShuttle`]
@@ -116,8 +116,8 @@
 //!   `methods.rs`, timed by `zerofault bench-zero`; Intel DSA's memory fill through a work
 //!   queue, `dsa.rs`, run only against a fake).
 //! - NUMA nodes: which node's pool a fault takes from, in the kernel's order, and the zonelist
-//!   cache of nodes found full (`nodes.rs`; the system calls in `sys/numa.rs`).
-//! - Sharing the machine with this user's other processes under the shim (`machine.rs`: at
+//!   cache of nodes found full (`memory/nodes.rs`; the system calls in `sys/numa.rs`).
+//! - Sharing the machine with this user's other processes under the shim (`pool/machine.rs`: at
 //!   most `cpus - 1` scrubs stepping, handlers polling only beside a free CPU; its file,
 //!   checked before it is trusted, in `sys/machine.rs`).
 //! - Knobs (`config/`: [`options`], the table read from `ZEROFAULT_<NAME>`; `kinds.rs`, the
@@ -129,8 +129,8 @@
 //!
 //!   | thread | runs | may sleep |
 //!   |---|---|---|
-//!   | a program thread, in a shim hook or an API call | `Engine::map`, `adopt`, `adopt_grown`, `release`, `recycle` (`pool/recycle.rs`), `fill_grown` (`grow.rs`), `fill_page`, `set_huge`, `pause`/`resume`, `stats` | on the registration lock and ring locks; never on a handler or a scrub |
-//!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `fault/window.rs`, `fault/handback.rs` (give back, lend, take back), `fault/huge.rs` (staging), `nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
+//!   | a program thread, in a shim hook or an API call | `Engine::map`, `adopt`, `adopt_grown`, `release`, `recycle` (`pool/recycle.rs`), `fill_grown` (`fault/grow.rs`), `fill_page`, `set_huge`, `pause`/`resume`, `stats` | on the registration lock and ring locks; never on a handler or a scrub |
+//!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `fault/window.rs`, `fault/handback.rs` (give back, lend, take back), `fault/huge.rs` (staging), `memory/nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
 //!   | a scrub (`zerofault-scrub`), one per pool | `pool/`: `scrub.rs` (refill, zero the dirty rings, purge, shrink), `budget.rs` (the first scrub), `mod.rs` (`fill_step`), `zero/` | between steps, resting, waiting for the program to be quiet |
 //!
 //!   Each entry point's `# Context` paragraph says which of these runs it and what it locks.
@@ -154,10 +154,7 @@ compile_error!("zerofault serves 64-bit Linux (x86-64, arm64) only");
 mod config;
 mod engine;
 mod fault;
-mod grow;
-mod machine;
 mod memory;
-mod nodes;
 pub use config::options;
 pub mod os;
 pub mod page;
@@ -167,6 +164,10 @@ mod state;
 mod stats;
 mod sync;
 mod sys;
+// Old paths of the modules that moved into folders, kept while other branches merge.
+pub(crate) use fault::grow;
+pub(crate) use memory::nodes;
+pub(crate) use pool::machine;
 #[cfg(test)]
 mod testing;
 

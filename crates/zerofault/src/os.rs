@@ -29,7 +29,7 @@ pub mod thread {
     };
 }
 
-/// The machine-wide state shared with this user's other processes (`machine.rs`).
+/// The machine-wide state shared with this user's other processes (`pool/machine.rs`).
 pub mod machine {
     pub use crate::machine::set_runtime_dir;
 }

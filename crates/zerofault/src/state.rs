@@ -93,7 +93,7 @@ pub(crate) struct Shared {
     /// (`handler_spin`) leaves their CPUs to them.
     pub(crate) scrubs_working: AtomicUsize,
     /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
-    /// done at all). See `nodes.rs` and `Handler::choose_nodes`.
+    /// done at all). See `memory/nodes.rs` and `Handler::choose_nodes`.
     pub(crate) numa: Option<crate::nodes::Nodes>,
     /// How many pages the pools may hold ([`crate::pool::budget`]).
     pub(crate) budget: crate::pool::budget::Budget,

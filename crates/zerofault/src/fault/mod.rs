@@ -37,6 +37,7 @@
 //! (`tests.rs`) without a real userfaultfd.
 
 mod ahead;
+pub(crate) mod grow;
 pub(crate) mod handback;
 mod handler;
 pub(crate) mod huge;

@@ -3,6 +3,7 @@
 //! It imports no other subsystem's folder: the fault path, the pool and the give-back read and
 //! change these records.
 
+pub(crate) mod nodes;
 pub(crate) mod pagemap;
 pub(crate) mod pmds;
 pub(crate) mod region;

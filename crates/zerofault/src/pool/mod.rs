@@ -18,7 +18,7 @@
 //!
 //! Where several NUMA nodes have memory there is one pool per node ([`Pool::node`]), its rings
 //! bound to it and every populate checked to have landed there ([`Ring::fill_step`]); see
-//! `nodes.rs` for which pool a fault takes from.
+//! `memory/nodes.rs` for which pool a fault takes from.
 //!
 //! ## A ring
 //! Two monotonic counters index it, in pages:
@@ -56,6 +56,7 @@
 
 pub(crate) mod budget;
 mod dirty;
+pub(crate) mod machine;
 pub(crate) mod recycle;
 mod ring;
 pub(crate) mod scrub;
@@ -111,7 +112,7 @@ pub(crate) struct NodeCounts {
 
 /// The two rings, and the pool-wide view the scrub thread and the watermarks use; with
 /// recycling, a dirty ring beside each (`recycle.rs`). One per node with memory where there are
-/// several (`nodes.rs`), else one for the machine.
+/// several (`memory/nodes.rs`), else one for the machine.
 #[derive(Debug)]
 pub(crate) struct Pool {
     /// The node whose memory the rings are bound to (`mbind`, preferred), and whose CPUs its
