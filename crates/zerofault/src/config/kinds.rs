@@ -104,45 +104,64 @@ impl Kind for Count {
     }
 }
 
-/// A thread count, or `auto` (0: chosen from the CPUs the process may run on).
+/// How many threads to start: chosen from the CPUs the process may run on, or a number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ThreadCount {
+    /// Chosen from the CPUs the process may run on.
+    Auto,
+    /// This many, 1 to 32.
+    Exactly(u8),
+}
+
+/// A thread count, or `auto` ([`ThreadCount`]).
 pub struct Threads;
 impl Kind for Threads {
-    type Value = u8;
+    type Value = ThreadCount;
     const ACCEPTS: &'static str = "auto, or an integer 1..=32";
-    fn parse(s: &str) -> Option<u8> {
+    fn parse(s: &str) -> Option<ThreadCount> {
         if s.eq_ignore_ascii_case("auto") {
-            return Some(0);
+            return Some(ThreadCount::Auto);
         }
-        s.parse::<u8>().ok().filter(|n| (1..=32).contains(n))
+        s.parse::<u8>().ok().filter(|n| (1..=32).contains(n)).map(ThreadCount::Exactly)
     }
-    fn show(v: &u8) -> String {
+    fn show(v: &ThreadCount) -> String {
         match v {
-            0 => "auto".into(),
-            n => n.to_string(),
+            ThreadCount::Auto => "auto".into(),
+            ThreadCount::Exactly(n) => n.to_string(),
         }
     }
 }
 
-/// A count of faulting threads, `auto` (`None`: from the model in docs/SCALING.md) or `off`
-/// (`Some(0)`).
+/// From how many threads faulting at once a starved stream is lent to the kernel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LendAt {
+    /// From the model in docs/SCALING.md ("The hand-back rule for T >= N: lending").
+    Auto,
+    /// Never.
+    Off,
+    /// From this many threads, 1 to 4096.
+    Threads(u16),
+}
+
+/// A count of faulting threads, `auto` or `off` ([`LendAt`]).
 pub struct Lend;
 impl Kind for Lend {
-    type Value = Option<u16>;
+    type Value = LendAt;
     const ACCEPTS: &'static str = "auto, off, or an integer 1..=4096 (threads faulting at once)";
-    fn parse(s: &str) -> Option<Option<u16>> {
+    fn parse(s: &str) -> Option<LendAt> {
         if s.eq_ignore_ascii_case("auto") {
-            return Some(None);
+            return Some(LendAt::Auto);
         }
         if s.eq_ignore_ascii_case("off") {
-            return Some(Some(0));
+            return Some(LendAt::Off);
         }
-        s.parse::<u16>().ok().filter(|n| (1..=4096).contains(n)).map(Some)
+        s.parse::<u16>().ok().filter(|n| (1..=4096).contains(n)).map(LendAt::Threads)
     }
-    fn show(v: &Option<u16>) -> String {
+    fn show(v: &LendAt) -> String {
         match v {
-            None => "auto".into(),
-            Some(0) => "off".into(),
-            Some(n) => n.to_string(),
+            LendAt::Auto => "auto".into(),
+            LendAt::Off => "off".into(),
+            LendAt::Threads(n) => n.to_string(),
         }
     }
 }

@@ -321,8 +321,8 @@ impl Options {
     /// calling thread may run on, 1 to 8.
     pub fn handler_count(&self) -> usize {
         match self.handlers {
-            0 => (crate::sys::thread::allowed_cpus() / 8).clamp(1, 8),
-            n => usize::from(n),
+            ThreadCount::Auto => (crate::sys::thread::allowed_cpus() / 8).clamp(1, 8),
+            ThreadCount::Exactly(n) => usize::from(n),
         }
     }
 
@@ -334,9 +334,9 @@ impl Options {
     /// `ceil(min(producers, cpus) * 5 / 8)` threads on.
     pub fn lend_at(&self, producers: usize, cpus: usize) -> Option<usize> {
         match self.lend_threads {
-            Some(0) => None,
-            Some(n) => Some(usize::from(n)),
-            None => Some((producers.min(cpus).max(1) * 5).div_ceil(8)),
+            LendAt::Off => None,
+            LendAt::Threads(n) => Some(usize::from(n)),
+            LendAt::Auto => Some((producers.min(cpus).max(1) * 5).div_ceil(8)),
         }
     }
 
