@@ -181,6 +181,10 @@ impl Shared {
 
 impl Shared {
     /// Wakes every pool's scrub thread (to refill, or to see the engine stopping or failed).
+    ///
+    /// # Context
+    /// Any thread: a program thread (pause, resume, drop, recycling), a handler (a failure, an
+    /// empty ring), a scrub (stepping aside). Takes no lock; never sleeps.
     pub(crate) fn kick_scrubs(&self) {
         for p in &self.pools {
             p.scrub.kick();
@@ -188,6 +192,9 @@ impl Shared {
     }
 
     /// Whether `page_addr` is one of the handlers' doorbell pages.
+    ///
+    /// # Context
+    /// A handler, on each fault address. Takes no lock.
     pub(crate) fn is_doorbell(&self, page_addr: usize) -> bool {
         page_addr.wrapping_sub(self.doorbell) < self.handling.len() * PAGE_SIZE
     }
@@ -199,6 +206,11 @@ impl Shared {
     /// the kernel. Not the first: its write lock would wait for the others' read guards, and
     /// std's RwLock then holds back new readers, so a program thread holding `reg` on its way
     /// to a read guard, and a handler waiting for `reg` in a hand-back, would never let go.
+    ///
+    /// # Context
+    /// A handler, on its way out (its guard's drop). The last one takes the descriptor's
+    /// write lock, which waits for no handler (they all left) but may wait for a program
+    /// thread's read guard.
     pub(crate) fn handler_left(&self, failed: bool) {
         if failed {
             self.failed.store(true, Release);
@@ -210,6 +222,9 @@ impl Shared {
     }
 
     /// Pages the pools hold: ready, and recycled but not zeroed yet (see [`crate::pool::budget`]).
+    ///
+    /// # Context
+    /// Any thread; takes no lock.
     pub(crate) fn pool_held(&self) -> u64 {
         self.pools.iter().map(|p| p.available() + p.dirty()).sum()
     }
@@ -230,6 +245,10 @@ impl Shared {
     }
 
     /// See [`Shared::reg`].
+    ///
+    /// # Context
+    /// A program thread (map, adopt, release, a region's drop) or a handler (hand-back, lend,
+    /// take back). Sleeps while another holds it; never held across a wait for a handler.
     pub(crate) fn reg_lock(&self) -> MutexGuard<'_, ()> {
         self.reg.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -242,6 +261,11 @@ impl Shared {
     /// # Safety
     /// As [`Uffd::register`]: anonymous private memory whose missing pages this engine serves
     /// from now on.
+    ///
+    /// # Context
+    /// A program thread (`Engine::map`, `register`, `adopt`, a region's re-register). Takes
+    /// the registration lock, then the descriptor's read lock; the register ioctl may sleep on
+    /// the mmap lock.
     pub(crate) unsafe fn register_range(
         &self,
         addr: usize,
@@ -271,6 +295,10 @@ impl Shared {
 /// (one more would wait for ever: no handler left, and the descriptor still open). A handler
 /// that left early failed open: the descriptor is closed, and the kernel answers the reads.
 /// The doorbells are `PROT_NONE` again afterwards.
+///
+/// # Context
+/// A program thread (`Engine::pause`, drop) or a scrub (stepping aside). Each read waits for a
+/// handler's answer (a fault on the doorbell), or for the kernel once the descriptor is closed.
 pub(crate) fn ring_doorbells(shared: &Shared, n: usize) {
     if n == 0 {
         return;

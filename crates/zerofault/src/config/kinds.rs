@@ -122,7 +122,10 @@ impl Kind for Threads {
         if s.eq_ignore_ascii_case("auto") {
             return Some(ThreadCount::Auto);
         }
-        s.parse::<u8>().ok().filter(|n| (1..=32).contains(n)).map(ThreadCount::Exactly)
+        s.parse::<u8>()
+            .ok()
+            .filter(|n| (1..=32).contains(n))
+            .map(ThreadCount::Exactly)
     }
     fn show(v: &ThreadCount) -> String {
         match v {
@@ -155,7 +158,10 @@ impl Kind for Lend {
         if s.eq_ignore_ascii_case("off") {
             return Some(LendAt::Off);
         }
-        s.parse::<u16>().ok().filter(|n| (1..=4096).contains(n)).map(LendAt::Threads)
+        s.parse::<u16>()
+            .ok()
+            .filter(|n| (1..=4096).contains(n))
+            .map(LendAt::Threads)
     }
     fn show(v: &LendAt) -> String {
         match v {

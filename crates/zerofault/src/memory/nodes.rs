@@ -20,6 +20,12 @@
 //! their watermarks), from the next node's, as the kernel falls back. A ring that is empty while its node still has memory
 //! is no reason to go remote: the kernel would allocate there, and so does the handler (a copy,
 //! or a huge page of its own, with its thread policy preferring that node).
+//!
+//! # Context
+//! The handlers choose (`Nodes::order_into`, `pool_of`, `ZoneCache::pick`, which marks); a
+//! program thread recycling pages asks `pool_of`. Everything here is built once at the engine's
+//! start and read after without a lock: the marks are atomics, nothing sleeps or allocates on
+//! those paths.
 
 use crate::sys::numa::{NodeMask, Topology};
 use std::sync::atomic::{AtomicU64, Ordering::*};
@@ -224,6 +230,9 @@ impl<C: Clock> ZoneCache<C> {
 
     /// Scans `order` for a node whose ring of `kind` has pages (`avail`), skipping nodes
     /// marked full, marking those found full, and stopping at one found empty.
+    ///
+    /// # Context
+    /// A handler, choosing the pool of a window's pages; no lock, no sleep.
     pub(crate) fn pick(&self, kind: RingKind, order: &[u32], avail: impl Fn(u32) -> Avail) -> Pick {
         let mut p = Pick {
             node: None,
@@ -309,6 +318,9 @@ impl Nodes {
     /// [`Nodes::near`] of that node) for a thread on node `local`, into `out`, in the kernel's
     /// order: the nearest node first, ties by id. No allocation once `out` has room for every
     /// node (the handler's buffer, on its serving path).
+    ///
+    /// # Context
+    /// A handler, on a fault of a range with a policy it has not seen; no lock, no sleep.
     pub(crate) fn order_into(&self, policy: Policy, local: u32, out: &mut Vec<u32>) {
         out.clear();
         let near = self.near(local);

@@ -100,6 +100,10 @@ impl Machine {
 
     /// The user's state (`runtime_dir`: `XDG_RUNTIME_DIR`, read by the caller), with a slot
     /// claimed for this process; or why not.
+    ///
+    /// # Context
+    /// The program thread starting the engine. Opens, checks and maps the file (system calls
+    /// that may sleep); takes no lock of the process's.
     pub(crate) fn open(runtime_dir: Option<&str>, cpus: u32) -> Result<Machine, Refused> {
         Machine::open_at(&file::path(runtime_dir).ok_or(Refused::NoPlace)?, cpus)
     }
@@ -155,6 +159,9 @@ impl Machine {
 
     /// Whether a scrub of ours may step now: other processes' stepping scrubs leave a CPU to
     /// programs. Always when alone.
+    ///
+    /// # Context
+    /// A scrub thread, before each step; takes no lock and never sleeps (atomics on the shared page).
     pub(crate) fn scrub_may_step(&self) -> bool {
         if self.page().is_none() {
             return true;
@@ -166,6 +173,9 @@ impl Machine {
     /// Whether a handler of ours may poll, with `busy` of our own threads at work (the poller
     /// and the thread whose faults it waits for among them): with other processes' stepping
     /// scrubs and polling handlers they still fit the CPUs, as `busy` alone must.
+    ///
+    /// # Context
+    /// A handler, before it polls; takes no lock and never sleeps (atomics on the shared page).
     pub(crate) fn handler_may_poll(&self, busy: u32) -> bool {
         if self.page().is_none() {
             return true;
@@ -175,6 +185,9 @@ impl Machine {
     }
 
     /// A scrub of ours starts (`true`) or stops stepping.
+    ///
+    /// # Context
+    /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
     pub(crate) fn scrub_stepping(&self, on: bool) {
         if let Some((_, s)) = self.page() {
             change(&s.working, on);
@@ -183,6 +196,9 @@ impl Machine {
     }
 
     /// A scrub of ours takes one more step: its count stays fresh.
+    ///
+    /// # Context
+    /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
     pub(crate) fn scrub_beat(&self) {
         if let Some((_, s)) = self.page() {
             s.beat.store(now_ns(), Relaxed);
@@ -190,6 +206,9 @@ impl Machine {
     }
 
     /// A handler of ours starts or ends a poll.
+    ///
+    /// # Context
+    /// A handler; takes no lock and never sleeps (atomics on the shared page).
     pub(crate) fn handler_polling(&self, on: bool) {
         if let Some((_, s)) = self.page() {
             change(&s.polling, on);
@@ -199,6 +218,9 @@ impl Machine {
 
     /// The process is leaving (`Engine::stop_at_exit`): its slot is free now, whatever its
     /// threads still do (a slot without a pid counts for nothing).
+    ///
+    /// # Context
+    /// The program thread running the process's exit handlers; takes no lock and never sleeps (atomics on the shared page).
     pub(crate) fn release(&self) {
         if let Some((_, s)) = self.page() {
             self.released.store(true, Release);
