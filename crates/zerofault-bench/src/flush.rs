@@ -7,7 +7,7 @@
 //! its own populated memory, 256 MiB by default, over and over: pft's floor) run alone; then while a thread pinned
 //! to the last CPU spins in user space (the control: a busy neighbour that flushes nothing, in
 //! case the CPUs share a core); then while a mover pinned there moves one huge page back and
-//! forth ([`zerofault::PmdShuttle`]); then the writers stop and the mover runs alone. It prints
+//! forth ([`PmdShuttle`], `shuttle.rs`); then the writers stop and the mover runs alone. It prints
 //! the mover's time per move both ways, the writers' time per page in each phase, the
 //! TLB-shootdown interrupts their CPUs took (`/proc/interrupts`, x86; it counts other
 //! processes' flushes there too), and from those what each move costs each running writer.
@@ -15,12 +15,12 @@
 //! `--writers N` measures how they grow.
 
 use crate::args::{checked, int_in, invalid, positive_f64};
+use crate::shuttle::PmdShuttle;
 use crate::sys::{allowed_cpus, pin_to_cpu, populate_write, Mapping, Thp};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zerofault::page::PAGE_SIZE;
-use zerofault::PmdShuttle;
 
 /// Each writer's memory by default, MiB: populated 4 KiB pages, far beyond the TLB's reach (a
 /// miss a page, no fault), like pft's floor over a GiB; less when many writers would populate

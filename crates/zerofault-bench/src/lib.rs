@@ -32,6 +32,7 @@ mod plot;
 mod procs;
 mod progress;
 mod report;
+mod shuttle;
 mod sys;
 mod zeroing;
 

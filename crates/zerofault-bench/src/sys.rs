@@ -1,87 +1,14 @@
-//! The system calls pft makes itself, apart from the engine's seam: plain kernel memory for the
-//! kernel modes (an anonymous mapping, 2 MiB aligned, with its THP advice), `MADV_POPULATE_WRITE`,
-//! pinning a thread to a CPU, the process's CPU time, the CPU count and the page size.
+//! The system calls pft makes itself, apart from the engine's seam: `MADV_POPULATE_WRITE`,
+//! pinning a thread to a CPU, the process's CPU time, the CPU count and the page size. Plain
+//! kernel memory for the kernel modes (an anonymous mapping, 2 MiB aligned, with its THP
+//! advice) is the seam's [`Mapping`] (`zerofault::os::mman`), re-exported here.
 //!
-//! The engine's seam (`zerofault::sys`) makes raw system calls that leave `errno` alone, for a
-//! shim inside other programs; pft is a program of its own and calls libc.
+//! The engine's seam (`zerofault::os`) makes raw system calls that leave `errno` alone, for a
+//! shim inside other programs; pft is a program of its own and calls libc for the rest.
 
 use std::io;
 use std::time::Duration;
-use zerofault::page::{PAGE_SIZE, PMD_SIZE};
-
-/// Transparent huge page advice for a [`Mapping`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Thp {
-    /// `MADV_NOHUGEPAGE`: 4 KiB faults.
-    Never,
-    /// `MADV_HUGEPAGE`.
-    Always,
-}
-
-/// An owned anonymous private read-write mapping, 2 MiB aligned, unmapped on drop: the memory
-/// of a kernel mode's run.
-#[derive(Debug)]
-pub(crate) struct Mapping {
-    addr: usize,
-    len: usize,
-}
-
-impl Mapping {
-    /// Maps `len` bytes (rounded up to pages), 2 MiB aligned, with `thp` advice.
-    pub(crate) fn new(len: usize, thp: Thp) -> io::Result<Mapping> {
-        let len = len.max(1).next_multiple_of(PAGE_SIZE);
-        let total = len
-            .checked_add(PMD_SIZE)
-            .ok_or_else(|| io::Error::from_raw_os_error(libc::ENOMEM))?;
-        // SAFETY: a fresh anonymous private mapping where the kernel chooses (no MAP_FIXED): no
-        // existing memory is affected.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                total,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        if base == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        let base = base as usize;
-        let addr = base.next_multiple_of(PMD_SIZE);
-        // The ends beyond the aligned `len` bytes go back; each is page aligned, inside the
-        // mapping just made, and nobody has seen it.
-        for (at, n) in [(base, addr - base), (addr + len, base + total - (addr + len))] {
-            if n > 0 {
-                // SAFETY: [at, at + n) is part of our fresh mapping, outside the part we keep.
-                unsafe { libc::munmap(at as *mut libc::c_void, n) };
-            }
-        }
-        let m = Mapping { addr, len };
-        let advice = match thp {
-            Thp::Never => libc::MADV_NOHUGEPAGE,
-            Thp::Always => libc::MADV_HUGEPAGE,
-        };
-        // SAFETY: THP advice on the mapping we own changes no byte of it.
-        if unsafe { libc::madvise(addr as *mut libc::c_void, len, advice) } != 0 {
-            return Err(io::Error::last_os_error()); // `m` unmaps on the way out
-        }
-        Ok(m)
-    }
-
-    pub(crate) fn as_ptr(&self) -> *mut u8 {
-        self.addr as *mut u8
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping is ours, made in `new`, unmapped once, here; whoever wrote to it
-        // (the touch threads) has been joined.
-        unsafe { libc::munmap(self.addr as *mut libc::c_void, self.len) };
-    }
-}
+pub(crate) use zerofault::os::mman::{Mapping, Thp};
 
 /// Allocates and zero-fills every page of `[addr, addr + len)` now, writable
 /// (`MADV_POPULATE_WRITE`, Linux 5.14). The range must not be registered with a userfaultfd.
@@ -203,6 +130,7 @@ pub(crate) fn system_page_size() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use zerofault::page::{PAGE_SIZE, PMD_SIZE};
 
     /// The state letter of process `pid` (/proc/PID/stat), None once it is reaped.
     fn state(pid: libc::pid_t) -> Option<char> {
@@ -233,10 +161,10 @@ mod tests {
             let m = Mapping::new(3 * PMD_SIZE + 5, thp).unwrap();
             let addr = m.as_ptr() as usize;
             assert_eq!(addr % PMD_SIZE, 0);
-            assert_eq!(m.len, 3 * PMD_SIZE + PAGE_SIZE);
-            populate_write(addr, m.len).unwrap();
+            assert_eq!(m.len(), 3 * PMD_SIZE + PAGE_SIZE);
+            populate_write(addr, m.len()).unwrap();
             // SAFETY: the last byte of the mapping, which is ours and populated.
-            unsafe { ((addr + m.len - 1) as *mut u8).write_volatile(1) };
+            unsafe { ((addr + m.len() - 1) as *mut u8).write_volatile(1) };
             let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
             let head = format!("{addr:x}-");
             let vma = smaps.split_once(&head).map(|(_, rest)| rest).unwrap_or_default();

@@ -102,9 +102,7 @@
 //!   filled in the call that grew it (`fault/grow.rs`, [`Engine::fill_grown`]).
 //! - Whole-PMD placement and the staging area: `fault/huge.rs`. The prefault window (the
 //!   predictor): `fault/window.rs`. Giving random access back, and lending starved ranges to
-//!   the kernel: `fault/handback.rs`. [`PmdShuttle`]
-//!   (`shuttle.rs`): one huge page moved between two PMDs, what `zerofault bench-flush` times
-//!   (a move's TLB-flush interrupts, docs/SCALING.md).
+//!   the kernel: `fault/handback.rs`.
 //! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
 //!   may hold a page table, the program's huge-page and access advice) and the registered
 //!   ranges (`region.rs`).
@@ -159,7 +157,6 @@ pub use config::options;
 pub mod os;
 pub mod page;
 mod pool;
-mod shuttle;
 mod state;
 mod stats;
 mod sync;
@@ -175,7 +172,6 @@ pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
 pub use memory::region::{Recycled, Region};
 pub use options::{OptionError, Options, StatsOut};
 pub use pool::zero::{is_zero, ZeroMethod};
-pub use shuttle::PmdShuttle;
 pub(crate) use state::Shared;
 pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};

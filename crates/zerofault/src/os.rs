@@ -1,7 +1,8 @@
 //! The part of the system-call seam that an embedder living inside another program's process
 //! needs (the LD_PRELOAD shim is one): memory mapped for itself, the engine's own allocator and
 //! its fork hooks, blocking signals, preparing threads, and system calls that leave the
-//! program's `errno` alone.
+//! program's `errno` alone. The bench uses it too: plain kernel memory for its baselines
+//! ([`mman::Mapping`]) and the moves `zerofault bench-flush` times ([`uffd`]).
 //!
 //! The contract is the seam's (`sys/mod.rs`): page-aligned addresses and page-multiple
 //! lengths, errors as values, and every call that can break memory an `unsafe fn` whose
@@ -15,6 +16,67 @@ pub mod mman {
         resident_pages, thp_always, thp_available, unmap, Mapping, Thp,
     };
     pub use libc::{MADV_DONTNEED, MADV_NOHUGEPAGE};
+
+    /// Whether the PMD at `addr` (2 MiB aligned) is mapped by one transparent huge page
+    /// (`PAGEMAP_SCAN` of /proc/self/pagemap).
+    pub fn huge_mapped(addr: usize) -> std::io::Result<bool> {
+        crate::sys::mman::huge_mapped(addr)
+    }
+}
+
+/// A userfaultfd that moves pages between the caller's own mappings (`UFFDIO_MOVE`), and
+/// registers nothing for faults: what `zerofault bench-flush` times.
+pub mod uffd {
+    pub use crate::sys::raw::Errno;
+    pub use crate::sys::uffd::{Features, UffdError};
+
+    /// An open userfaultfd, with every feature the engine asks for that the kernel offers;
+    /// closed on drop (which unregisters its ranges).
+    #[derive(Debug)]
+    pub struct Uffd(crate::sys::uffd::Uffd);
+
+    /// How far a [`Uffd::move_pages`] got before it stopped.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub struct Moved {
+        /// Bytes moved from the start of the range.
+        pub done: usize,
+        /// `None` when the whole range was moved; otherwise the errno it stopped with.
+        pub errno: Option<Errno>,
+    }
+
+    impl Uffd {
+        /// Opens a userfaultfd (see [`UffdError`] for why it may not).
+        pub fn open() -> Result<Uffd, UffdError> {
+            crate::sys::uffd::Uffd::open().map(Uffd)
+        }
+
+        /// The features this descriptor was opened with.
+        pub fn features(&self) -> Features {
+            self.0.features()
+        }
+
+        /// Registers `[start, start + len)` (page aligned, the caller's own memory) as a
+        /// destination of [`Uffd::move_pages`], and for nothing else: its missing pages stay
+        /// the kernel's to fill.
+        pub fn register_as_destination(&self, start: usize, len: usize) -> Result<(), Errno> {
+            self.0.register_as_destination(start, len)
+        }
+
+        /// `UFFDIO_MOVE` the pages at `src` (exclusive anonymous pages of this process) to
+        /// `dst`, registered as a destination: the page frames change owner, no byte is written.
+        ///
+        /// # Safety
+        /// The caller owns `[src, src + len)` and `[dst, dst + len)`: no one reads or writes
+        /// them while the move runs, and `src` reads as missing afterwards.
+        pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> Moved {
+            // SAFETY: this function's contract.
+            let p = unsafe { self.0.move_pages(dst, src, len) };
+            Moved {
+                done: p.done,
+                errno: p.errno,
+            }
+        }
+    }
 }
 
 /// System calls that leave the program's `errno` alone.

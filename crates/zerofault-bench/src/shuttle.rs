@@ -8,14 +8,14 @@
 //! with and without the program's threads running on the other CPUs, which is the term of
 //! docs/SCALING.md's model that grows with the threads of one process.
 
-use crate::page::PMD_SIZE;
-use crate::sys::mman::{self, Mapping, Thp};
-use crate::sys::uffd::{Features, Uffd};
+use crate::sys::populate_write;
+use zerofault::os::mman::{self, Mapping, Thp, PAGE_SIZE, PMD_SIZE};
+use zerofault::os::uffd::{Features, Uffd};
 
 /// A huge page that moves between the two PMDs of a mapping of its own, one `UFFDIO_MOVE` of a
 /// whole PMD per [`PmdShuttle::shuttle`]. Nothing else in the process knows its memory.
 #[derive(Debug)]
-pub struct PmdShuttle {
+pub(crate) struct PmdShuttle {
     // Declared before `map`, so dropped first: closing the descriptor unregisters the mapping,
     // whose munmap would otherwise wait for a reader of its UNMAP event.
     uffd: Uffd,
@@ -27,7 +27,7 @@ impl PmdShuttle {
     /// Maps two PMDs advised huge, populates the first with one huge page and registers both
     /// as `UFFDIO_MOVE` destinations. Errors (one line): no userfaultfd, a kernel without
     /// `UFFDIO_MOVE`, or no huge page (THP `never`, or none free).
-    pub fn new() -> Result<PmdShuttle, String> {
+    pub(crate) fn new() -> Result<PmdShuttle, String> {
         let uffd = Uffd::open().map_err(|e| format!("userfaultfd: {e}"))?;
         if !uffd.features().has(Features::MOVE) {
             return Err("this kernel has no UFFDIO_MOVE (Linux 6.8 or later)".into());
@@ -37,11 +37,11 @@ impl PmdShuttle {
         // A child forked meanwhile (by any thread) would share the page, which UFFDIO_MOVE
         // then refuses (EBUSY) until the child goes: keep the mapping out of children.
         // SAFETY: our own fresh mapping; the advice changes no content.
-        unsafe { mman::madvise(a, 2 * PMD_SIZE, mman::MADV_DONTFORK) }.map_err(|e| format!("MADV_DONTFORK: {e}"))?;
-        mman::populate_write(a, PMD_SIZE).map_err(|e| format!("MADV_POPULATE_WRITE: {e}"))?;
+        unsafe { mman::madvise(a, 2 * PMD_SIZE, libc::MADV_DONTFORK) }.map_err(|e| format!("MADV_DONTFORK: {e}"))?;
+        populate_write(a, PMD_SIZE).map_err(|e| format!("MADV_POPULATE_WRITE: {e}"))?;
         // A byte in every 4 KiB page: the kernel's shrinker of underused huge pages (6.12+) may
         // split a huge page that is mostly zero under memory pressure.
-        for off in (0..PMD_SIZE).step_by(crate::page::PAGE_SIZE) {
+        for off in (0..PMD_SIZE).step_by(PAGE_SIZE) {
             // SAFETY: inside the first PMD of our own mapping, just populated.
             unsafe { ((a + off) as *mut u8).write_volatile(1) };
         }
@@ -58,14 +58,14 @@ impl PmdShuttle {
     }
 
     /// The PMD the huge page is in now.
-    pub fn addr(&self) -> usize {
+    pub(crate) fn addr(&self) -> usize {
         self.map.as_ptr() as usize + if self.at_second { PMD_SIZE } else { 0 }
     }
 
     /// Moves the huge page into the other PMD: one PMD move (one TLB flush). After an error
     /// the page may be partly in each PMD and [`PmdShuttle::addr`] no longer says where: drop
     /// the shuttle.
-    pub fn shuttle(&mut self) -> Result<(), String> {
+    pub(crate) fn shuttle(&mut self) -> Result<(), String> {
         let src = self.addr();
         let dst = self.map.as_ptr() as usize + if self.at_second { 0 } else { PMD_SIZE };
         // SAFETY: both PMDs are this shuttle's own memory, which nothing reads or writes; the
@@ -82,7 +82,7 @@ impl PmdShuttle {
 
     /// Whether the page is still one huge page where it is now (a PMD move keeps it whole;
     /// a split would have made this a 4 KiB move).
-    pub fn is_huge(&self) -> Result<bool, String> {
+    pub(crate) fn is_huge(&self) -> Result<bool, String> {
         mman::huge_mapped(self.addr()).map_err(|e| format!("PAGEMAP_SCAN: {e}"))
     }
 }
@@ -90,6 +90,11 @@ impl PmdShuttle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the page at `addr` is resident (mincore).
+    fn resident(addr: usize) -> bool {
+        mman::resident_pages(addr, PAGE_SIZE).unwrap() == 1
+    }
 
     #[test]
     fn a_shuttled_page_stays_huge_and_keeps_its_bytes() {
@@ -119,9 +124,6 @@ mod tests {
         assert!(s.is_huge().unwrap(), "moved whole, five times");
         // SAFETY: as above; after an odd number of moves the page is in the second PMD.
         assert_eq!(unsafe { ((s.addr() + 4096 + 8) as *const u64).read_volatile() }, 0x5a5a);
-        assert!(
-            mman::is_resident(s.addr()) && !mman::is_resident(first),
-            "the first PMD is empty"
-        );
+        assert!(resident(s.addr()) && !resident(first), "the first PMD is empty");
     }
 }
