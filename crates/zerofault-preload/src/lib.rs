@@ -6,7 +6,7 @@
 //! The file in LD_PRELOAD is its front, `libzerofault.so` (`front/front.c`, a small C library
 //! the build script compiles): every process started under the shim loads the front, which
 //! passes each call to the next definition until the process's first large request, then
-//! dlopen()s this library beside it and calls `zerofault_shim_init` (state.rs); every call goes
+//! dlopen()s this library beside it and calls `zerofault_shim_init` (init.rs); every call goes
 //! here from then on. Most processes (a build's thousand `sh`, `cc`, `git`) never make one and
 //! never load this library, whose loading costs more than the front's (docs/DESIGN.md, "The
 //! shim's front"). Dlopen()ed, this library's thread-locals are dynamic TLS, which glibc allocates with the program's malloc on a
@@ -64,6 +64,14 @@ pub mod arena;
 #[cfg(not(test))]
 mod capi;
 #[cfg(not(test))]
+mod exit;
+#[cfg(not(test))]
+mod front;
+#[cfg(not(test))]
+mod hook;
+#[cfg(not(test))]
+mod init;
+#[cfg(not(test))]
 mod malloc;
 #[cfg(not(test))]
 mod mmap;
@@ -72,6 +80,8 @@ mod next;
 mod report;
 #[cfg(not(test))]
 pub mod rights;
+#[cfg(not(test))]
+mod start;
 #[cfg(not(test))]
 mod state;
 
