@@ -11,6 +11,9 @@ use libc::{c_char, c_int, c_void, size_t};
 
 /// Maps `len` bytes (rounded up to pages) of anonymous memory served by the engine (started
 /// now if it was not yet); plain memory when the engine is off. NULL on failure.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
     if len == 0 {
@@ -36,6 +39,9 @@ pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// `[p, p + len)` is a mapping from `zerofault_map` that nothing uses any more.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
     // SAFETY: the caller hands back a mapping it owns.
@@ -55,6 +61,9 @@ pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
 ///
 /// # Safety
 /// The caller owns the range and gives up its contents, as for `MADV_DONTNEED`.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_recycle(p: *mut c_void, len: size_t) -> c_int {
     let addr = p as usize;
@@ -79,6 +88,9 @@ pub unsafe extern "C" fn zerofault_recycle(p: *mut c_void, len: size_t) -> c_int
 
 /// 1 when the engine serves faults in this process, 0 otherwise (not started yet, failed
 /// open, or off). Answers inside a hook too (a signal handler's call).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub extern "C" fn zerofault_active() -> c_int {
     let h = Hook::enter_or_nest();
@@ -90,6 +102,9 @@ pub extern "C" fn zerofault_active() -> c_int {
 ///
 /// # Safety
 /// `buf` is valid for writes of `cap` bytes (or `cap` is 0).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_stats_json(buf: *mut c_char, cap: size_t) -> size_t {
     // Answers inside a hook too (a signal handler's call).

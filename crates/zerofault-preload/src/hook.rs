@@ -69,6 +69,10 @@ pub fn set_errno(e: i32) {
 /// A hook's scope: the re-entry guard, and once it hands out the engine (or is asked to,
 /// [`Hook::quiet`]), `errno` kept and every signal blocked until it ends. The engine it hands
 /// out lives no longer than the scope.
+///
+/// # Context
+/// Any program thread, from a hook or a C API call. On an engine thread it hands out no
+/// engine (`state::running`), so an engine thread never reaches the engine through a hook.
 pub struct Hook {
     // Dropped first, as the fields are declared: errno and the signal mask come back while
     // the thread is still marked inside the shim.

@@ -45,6 +45,9 @@ fn large(size: usize, align: usize) -> Option<*mut c_void> {
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's (the block is freed with this library's `free`).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     if next::resolving() {
@@ -61,6 +64,9 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     if next::resolving() {
@@ -82,6 +88,9 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// `p` is null, or a block this process's allocator returned and nobody freed (a bad pointer into the arena aborts with one line, as glibc does).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || next::in_boot(p) {
@@ -171,6 +180,9 @@ unsafe fn move_block(q: usize, p: usize, len: usize) {
 ///
 /// # Safety
 /// As `free` for `p`; the old block is not used after a successful call.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     if p.is_null() {
@@ -246,6 +258,9 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As `realloc`.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
@@ -260,6 +275,9 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -
 ///
 /// # Safety
 /// `out` is valid for the write of one pointer.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
     if align.is_power_of_two() && align % std::mem::size_of::<usize>() == 0 {
@@ -277,6 +295,9 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, si
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     if let Some(p) = large(size, align) {
@@ -290,6 +311,9 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     if let Some(p) = large(size, align) {
@@ -303,6 +327,9 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     if let Some(p) = large(size, PAGE_SIZE) {
@@ -316,6 +343,9 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     // A size that cannot be rounded to pages goes to the next allocator, which refuses it.
@@ -333,6 +363,9 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// `p` is null or a live block of this process's allocator.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     if p.is_null() || next::in_boot(p) {

@@ -59,6 +59,10 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
 ///
 /// # Safety
 /// As madvise(2): the caller owns the range (`MADV_DONTNEED` discards it).
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -98,6 +102,10 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
 ///
 /// # Safety
 /// As munmap(2): the caller gives up the range.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     recycle_before_unmap(addr as usize, len);
@@ -140,6 +148,10 @@ unsafe fn sys_mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd
 ///
 /// # Safety
 /// As mmap(2): with `MAP_FIXED` the caller owns what the mapping replaces.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mmap(
     addr: *mut c_void,
@@ -161,6 +173,10 @@ pub unsafe extern "C" fn mmap(
 ///
 /// # Safety
 /// As `mmap`.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mmap64(
     addr: *mut c_void,
@@ -201,6 +217,10 @@ unsafe fn sys_mremap(
 ///
 /// # Safety
 /// As mremap(2): the caller owns both ranges, and the old one is not used after a move.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mremap(
     old: *mut c_void,
@@ -313,6 +333,10 @@ fn grow_in_place(
 ///
 /// # Safety
 /// As mlockall(2): no pointer is passed; unsafe as the C symbol the program calls.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
     // Nested in another hook, the engine is left alone but the arena is still unlocked.
@@ -356,6 +380,10 @@ fn set_lock_future(h: &Hook, on: bool) {
 ///
 /// # Safety
 /// As munlockall(2): no pointer is passed; unsafe as the C symbol the program calls.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn munlockall() -> c_int {
     // SAFETY: munlockall takes no argument.
@@ -380,6 +408,9 @@ type MmapHook = extern "C" fn(*const c_void, *const c_void, size_t, c_int, c_int
 type MremapHook = extern "C" fn(*const c_void, *const c_void, size_t, size_t, c_int, *const c_void);
 type SbrkHook = extern "C" fn(*const c_void, isize);
 
+/// # Context
+/// Any program thread, from gperftools' MallocHook after its call; the engine's part inside the
+/// hook scope.
 extern "C" fn tc_mmap(
     result: *const c_void,
     _: *const c_void,
@@ -394,6 +425,9 @@ extern "C" fn tc_mmap(
     }
 }
 
+/// # Context
+/// Any program thread, from gperftools' MallocHook after its call; the engine's part inside the
+/// hook scope.
 extern "C" fn tc_mremap(
     result: *const c_void,
     old: *const c_void,
@@ -426,6 +460,9 @@ extern "C" fn tc_mremap(
     }
 }
 
+/// # Context
+/// Any program thread, from gperftools' MallocHook after its call; the engine's part inside the
+/// hook scope.
 extern "C" fn tc_sbrk(result: *const c_void, increment: isize) {
     if result as isize == -1 || increment < threshold() as isize {
         return;
