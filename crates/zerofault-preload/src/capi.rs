@@ -1,11 +1,19 @@
 //! The C API (include/zerofault.h).
+//!
+//! # Context
+//! Every function here runs on any program thread that calls it; what reaches the engine does
+//! so inside the hook scope ([`Hook`]).
 
-use crate::state::{self, enter, Quiet};
+use crate::hook::{set_errno, Hook};
+use crate::state;
 use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_char, c_int, c_void, size_t};
 
 /// Maps `len` bytes (rounded up to pages) of anonymous memory served by the engine (started
 /// now if it was not yet); plain memory when the engine is off. NULL on failure.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
     if len == 0 {
@@ -17,9 +25,10 @@ pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
     };
     // SAFETY: our fresh mapping; advice changes no content.
     let _ = unsafe { mman::madvise(p, len, mman::MADV_NOHUGEPAGE) };
-    let Some(_g) = enter() else { return p as *mut c_void };
-    let _q = Quiet::new();
-    if let Some(e) = state::engine() {
+    let Some(h) = Hook::enter() else {
+        return p as *mut c_void;
+    };
+    if let Some(e) = h.engine() {
         // SAFETY: our fresh mapping, handed to the caller.
         let _ = unsafe { e.adopt(p, len, true) };
     }
@@ -30,6 +39,9 @@ pub extern "C" fn zerofault_map(len: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// `[p, p + len)` is a mapping from `zerofault_map` that nothing uses any more.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
     // SAFETY: the caller hands back a mapping it owns.
@@ -49,22 +61,22 @@ pub unsafe extern "C" fn zerofault_unmap(p: *mut c_void, len: size_t) -> c_int {
 ///
 /// # Safety
 /// The caller owns the range and gives up its contents, as for `MADV_DONTNEED`.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_recycle(p: *mut c_void, len: size_t) -> c_int {
     let addr = p as usize;
     if addr % PAGE_SIZE != 0 {
-        state::set_errno(libc::EINVAL);
+        set_errno(libc::EINVAL);
         return -1;
     }
     // A length past the address space: madvise's own EINVAL below, as natively.
     let len = len.checked_next_multiple_of(PAGE_SIZE).unwrap_or(len);
-    let recycled = enter().and_then(|_g| {
-        let e = state::running().filter(|e| e.options().recycle && e.serves_any(addr, len))?;
-        let q = Quiet::new();
+    let recycled = Hook::enter().and_then(|h| {
+        let e = h.running().filter(|e| e.options().recycle && e.serves_any(addr, len))?;
         // SAFETY: the caller gives the range up (this function's contract).
-        let r = unsafe { e.recycle(p.cast(), len) };
-        drop(q);
-        Some(r)
+        Some(unsafe { e.recycle(p.cast(), len) })
     });
     match recycled {
         Some(Ok(_)) => 0,
@@ -75,11 +87,14 @@ pub unsafe extern "C" fn zerofault_recycle(p: *mut c_void, len: size_t) -> c_int
 }
 
 /// 1 when the engine serves faults in this process, 0 otherwise (not started yet, failed
-/// open, or off).
+/// open, or off). Answers inside a hook too (a signal handler's call).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub extern "C" fn zerofault_active() -> c_int {
-    let _g = enter();
-    state::running().is_some_and(|e| e.is_active()) as c_int
+    let h = Hook::enter_or_nest();
+    h.running().is_some_and(|e| e.is_active()) as c_int
 }
 
 /// Writes the counters as one JSON object, NUL-terminated, into `buf` (at most `cap` bytes,
@@ -87,11 +102,15 @@ pub extern "C" fn zerofault_active() -> c_int {
 ///
 /// # Safety
 /// `buf` is valid for writes of `cap` bytes (or `cap` is 0).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_stats_json(buf: *mut c_char, cap: size_t) -> size_t {
-    let _g = enter();
-    let _q = Quiet::new();
-    let json = match (state::stats_block(), state::running()) {
+    // Answers inside a hook too (a signal handler's call).
+    let h = Hook::enter_or_nest();
+    h.quiet();
+    let json = match (state::stats_block(), h.running()) {
         (Some(s), _) => s.snapshot().to_json(),
         (None, Some(e)) => e.stats().to_json(),
         (None, None) => engine::Snapshot::default().to_json(),

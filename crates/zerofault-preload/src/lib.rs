@@ -6,7 +6,7 @@
 //! The file in LD_PRELOAD is its front, `libzerofault.so` (`front/front.c`, a small C library
 //! the build script compiles): every process started under the shim loads the front, which
 //! passes each call to the next definition until the process's first large request, then
-//! dlopen()s this library beside it and calls `zerofault_shim_init` (state.rs); every call goes
+//! dlopen()s this library beside it and calls `zerofault_shim_init` (init.rs); every call goes
 //! here from then on. Most processes (a build's thousand `sh`, `cc`, `git`) never make one and
 //! never load this library, whose loading costs more than the front's (docs/DESIGN.md, "The
 //! shim's front"). Dlopen()ed, this library's thread-locals are dynamic TLS, which glibc allocates with the program's malloc on a
@@ -57,12 +57,40 @@
 //! - fork(): the child's copy of the engine's descriptor is closed at once; its memory is no
 //!   longer registered (the engine does not ask for fork events), and its first large request
 //!   starts an engine of its own. vfork() children and exec'd images never touch the parent's.
+//!
+//! # Where things are
+//! | file | what |
+//! |------|------|
+//! | `front.rs` | what the front hands the shim: the thread's flags (in the front's TLS), its lookup of the next definitions |
+//! | `init.rs` | `zerofault_shim_init`: the knobs read from `environ`, the report, the fork handlers installed |
+//! | `state.rs` | the shim's state in this process: options, engine, arena, `mlockall(MCL_FUTURE)`, a seccomp filter |
+//! | `start.rs` | the engine's start on the first large request (once, the others wait), the fork handlers |
+//! | `hook.rs` | the hook scope, the one way from a hook to the engine: re-entry guard, errno, signals |
+//! | `mmap.rs` | `mmap`, `munmap`, `mremap`, `madvise`, `mlockall`, gperftools' MallocHook |
+//! | `malloc.rs` | the malloc family; `next.rs` the next allocator's, `arena.rs` the arena of large blocks |
+//! | `rights.rs` | what the front's hooks of rights, seccomp, userfaultfd and futex calls ask of the engine |
+//! | `capi.rs` | the C API of `include/zerofault.h` |
+//! | `exit.rs` | the destructor: the engine stopped, the exit report (`report.rs` writes it) |
+//!
+//! Which thread runs what: every hook and C API call runs on the program thread that calls
+//! it, inside the hook scope; `zerofault_shim_init` on the thread whose large request loaded
+//! the shim; the fork handlers on the thread that forks (and the child's only thread); the
+//! destructor on the thread that exits. An engine thread that reaches a hook (through a libc
+//! call of its own) gets no engine from the scope, and passes the call through.
 
 #![allow(clippy::missing_safety_doc)]
 
 pub mod arena;
 #[cfg(not(test))]
 mod capi;
+#[cfg(not(test))]
+mod exit;
+#[cfg(not(test))]
+mod front;
+#[cfg(not(test))]
+mod hook;
+#[cfg(not(test))]
+mod init;
 #[cfg(not(test))]
 mod malloc;
 #[cfg(not(test))]
@@ -72,6 +100,8 @@ mod next;
 mod report;
 #[cfg(not(test))]
 pub mod rights;
+#[cfg(not(test))]
+mod start;
 #[cfg(not(test))]
 mod state;
 

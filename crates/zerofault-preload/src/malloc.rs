@@ -1,8 +1,14 @@
 //! The malloc family: large blocks from the arena, everything else from the next allocator.
+//!
+//! # Context
+//! Every hook here runs on any program thread; what reaches the engine does so inside the
+//! hook scope ([`Hook`]), and a call made inside another hook (a signal handler's, or the
+//! shim's own) passes straight through to the next allocator.
 
 use crate::arena::ADVISED;
+use crate::hook::{set_errno, Hook};
 use crate::next;
-use crate::state::{self, abort_invalid, arena, enter, threshold};
+use crate::state::{self, abort_invalid, arena, threshold};
 use engine::os::mman::PAGE_SIZE;
 use libc::{c_int, c_void, size_t};
 use std::sync::atomic::Ordering::Relaxed;
@@ -12,30 +18,36 @@ const SHRINK_MIN_PAGES: u64 = 256;
 
 /// A zero block of `size` bytes aligned to `align` from the arena, if the request is large and
 /// the engine (which makes the arena) is up.
+///
+/// # Context
+/// Any program thread, inside the hook scope (quiet from the engine's start on); takes the
+/// arena's lock and, for the header page, the engine's.
 fn large(size: usize, align: usize) -> Option<*mut c_void> {
     if size < threshold() || !align.is_power_of_two() || align > (1 << 30) {
         return None;
     }
-    let _g = enter()?;
-    state::engine_for(size)?;
+    let h = Hook::enter()?;
+    h.engine_for(size)?;
+    // A new block's header page, installed alone before the arena writes the header: its
+    // fault would bring a window of the block's pages with it, which the program did not
+    // touch.
+    let header_page = |page: usize| {
+        if let Some(e) = h.running() {
+            e.fill_page(page);
+        }
+    };
     arena()?
         .alloc(size, align, state::lock_future(), &header_page)
         .map(|p| p as *mut c_void)
-}
-
-/// A new block's header page, installed alone before the arena writes the header: its fault
-/// would bring a window of the block's pages with it, which the program did not touch.
-fn header_page(page: usize) {
-    let _q = state::Quiet::new();
-    if let Some(e) = state::running() {
-        e.fill_page(page);
-    }
 }
 
 /// malloc(3): a large request (at least the `preload_threshold` knob) gets an arena block the engine serves; the rest goes to the next allocator.
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's (the block is freed with this library's `free`).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
     if next::resolving() {
@@ -52,13 +64,16 @@ pub unsafe extern "C" fn malloc(size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
     if next::resolving() {
         return n.checked_mul(size).map_or(std::ptr::null_mut(), next::boot_alloc);
     }
     let Some(total) = n.checked_mul(size) else {
-        state::set_errno(libc::ENOMEM);
+        set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
     // Arena blocks are proved zero (see arena.rs): no memset.
@@ -73,6 +88,9 @@ pub unsafe extern "C" fn calloc(n: size_t, size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// `p` is null, or a block this process's allocator returned and nobody freed (a bad pointer into the arena aborts with one line, as glibc does).
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn free(p: *mut c_void) {
     if p.is_null() || next::in_boot(p) {
@@ -90,19 +108,23 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
 
 /// Offers a freed block's pages to the engine's pool (`ZEROFAULT_RECYCLE`): `true` when they
 /// were recycled and the block reads zero (the recycle's own discard succeeded). Signals
-/// blocked and errno kept meanwhile: the recycle takes the engine's locks.
+/// blocked and errno kept meanwhile (the hook scope): the recycle takes the engine's locks.
+///
+/// # Context
+/// A program thread, from `free` (the arena calls it with its lock released), inside the hook
+/// scope, quiet.
 fn recycle(addr: usize, len: usize) -> bool {
-    let Some(_g) = enter() else { return false };
-    let _q = state::Quiet::new();
-    if crate::rights::renew_foreign(addr, len) {
+    let Some(h) = Hook::enter() else { return false };
+    h.quiet(); // the shim's lock of foreign spans, below
+    if crate::rights::renew_foreign(&h, addr, len) {
         return true;
     }
     if ADVISED.load(Relaxed) {
-        if let Some(e) = state::running() {
+        if let Some(e) = h.running() {
             e.forget_huge_advice(addr, len);
         }
     }
-    let Some(e) = state::running().filter(|e| e.options().recycle && e.serves_any(addr, len)) else {
+    let Some(e) = h.running().filter(|e| e.options().recycle && e.serves_any(addr, len)) else {
         return false;
     };
     // SAFETY: a block the program freed: its pages are given up (the arena makes them
@@ -112,19 +134,23 @@ fn recycle(addr: usize, len: usize) -> bool {
 
 /// The pages a shrinking block gives back: mapped afresh where the program had registered
 /// them with a userfaultfd of its own (else discarded by the arena).
+///
+/// # Context
+/// A program thread, from `realloc`, inside the hook scope, quiet.
 fn renew_tail(addr: usize, len: usize) -> bool {
-    let Some(_g) = enter() else { return false };
-    let _q = state::Quiet::new();
-    crate::rights::renew_foreign(addr, len)
+    let Some(h) = Hook::enter() else { return false };
+    h.quiet(); // the shim's lock of foreign spans
+    crate::rights::renew_foreign(&h, addr, len)
 }
 
 /// The part a block grew by, filled now from this thread: the program writes it next (a
 /// vector's next elements, a string's next bytes), and a fault per step of growth cost more
 /// than the kernel's faults (`Engine::fill_grown`). Signals blocked and errno kept meanwhile.
+///
+/// # Context
+/// A program thread, from `realloc`, inside the hook scope, quiet.
 fn fill_grown(tail: usize, len: usize) {
-    let Some(_g) = enter() else { return };
-    let _q = state::Quiet::new();
-    if let Some(e) = state::running() {
+    if let Some(e) = Hook::enter().as_ref().and_then(Hook::running) {
         e.fill_grown(tail, len);
     }
 }
@@ -134,8 +160,12 @@ fn fill_grown(tail: usize, len: usize) {
 ///
 /// # Safety
 /// Both are live arena blocks of at least `len` bytes; `q` was never written.
+///
+/// # Context
+/// A program thread, from `realloc`, inside the hook scope, quiet while the engine moves the
+/// pages; inside another hook everything is copied.
 unsafe fn move_block(q: usize, p: usize, len: usize) {
-    let moved = match state::running() {
+    let moved = match Hook::enter().as_ref().and_then(Hook::running) {
         // SAFETY: both ranges are ours and served by the engine; q has no page yet.
         Some(e) => unsafe { e.move_pages(q, p, len / PAGE_SIZE * PAGE_SIZE) },
         None => 0,
@@ -150,6 +180,9 @@ unsafe fn move_block(q: usize, p: usize, len: usize) {
 ///
 /// # Safety
 /// As `free` for `p`; the old block is not used after a successful call.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
     if p.is_null() {
@@ -225,10 +258,13 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As `realloc`.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -> *mut c_void {
     let Some(total) = n.checked_mul(size) else {
-        state::set_errno(libc::ENOMEM);
+        set_errno(libc::ENOMEM);
         return std::ptr::null_mut();
     };
     // SAFETY: realloc with the caller's pointer.
@@ -239,6 +275,9 @@ pub unsafe extern "C" fn reallocarray(p: *mut c_void, n: size_t, size: size_t) -
 ///
 /// # Safety
 /// `out` is valid for the write of one pointer.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, size: size_t) -> c_int {
     if align.is_power_of_two() && align % std::mem::size_of::<usize>() == 0 {
@@ -256,6 +295,9 @@ pub unsafe extern "C" fn posix_memalign(out: *mut *mut c_void, align: size_t, si
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_void {
     if let Some(p) = large(size, align) {
@@ -269,6 +311,9 @@ pub unsafe extern "C" fn aligned_alloc(align: size_t, size: size_t) -> *mut c_vo
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
     if let Some(p) = large(size, align) {
@@ -282,6 +327,9 @@ pub unsafe extern "C" fn memalign(align: size_t, size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
     if let Some(p) = large(size, PAGE_SIZE) {
@@ -295,6 +343,9 @@ pub unsafe extern "C" fn valloc(size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// As C's: none beyond the C runtime's.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
     // A size that cannot be rounded to pages goes to the next allocator, which refuses it.
@@ -312,6 +363,9 @@ pub unsafe extern "C" fn pvalloc(size: size_t) -> *mut c_void {
 ///
 /// # Safety
 /// `p` is null or a live block of this process's allocator.
+///
+/// # Context
+/// Any program thread; what reaches the engine does so inside the hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn malloc_usable_size(p: *mut c_void) -> size_t {
     if p.is_null() || next::in_boot(p) {

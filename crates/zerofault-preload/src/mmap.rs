@@ -2,9 +2,15 @@
 //! `mremap` and `mlockall` are followed so that they give the results they give natively.
 //!
 //! Every hook makes the real system call first and returns its result and `errno` untouched;
-//! what the engine does afterwards runs under [`Quiet`] (errno kept, signals blocked).
+//! what the engine does afterwards runs inside the hook scope ([`Hook`]: errno kept, signals
+//! blocked).
+//!
+//! # Context
+//! Every hook here runs on any program thread, inside the hook scope; a call made inside
+//! another hook (a signal handler's, or the engine's own) passes straight through.
 
-use crate::state::{self, arena, enter, threshold, Quiet};
+use crate::hook::Hook;
+use crate::state::{self, arena, threshold};
 use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_int, c_void, off_t, size_t};
 
@@ -28,9 +34,8 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
     if !big && !fixed {
         return;
     }
-    let Some(_g) = enter() else { return };
-    let _q = Quiet::new();
-    let e = if big { state::engine_for(len) } else { state::running() };
+    let Some(h) = Hook::enter() else { return };
+    let e = if big { h.engine_for(len) } else { h.running() };
     let Some(e) = e else { return };
     let len = len.next_multiple_of(PAGE_SIZE);
     let beside = e.serves(p.wrapping_sub(PAGE_SIZE)) || e.serves(p + len) || e.serves(p);
@@ -54,6 +59,10 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
 ///
 /// # Safety
 /// As madvise(2): the caller owns the range (`MADV_DONTNEED` discards it).
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
@@ -69,21 +78,15 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
         crate::arena::ADVISED.store(true, std::sync::atomic::Ordering::Relaxed);
     }
     if r == 0 && (advice == libc::MADV_HUGEPAGE || advice == libc::MADV_NOHUGEPAGE) {
-        if let Some(_g) = enter() {
-            let _q = Quiet::new();
-            if let Some(e) = state::running() {
-                e.set_huge(addr as usize, len, advice == libc::MADV_HUGEPAGE);
-            }
+        if let Some(e) = Hook::enter().as_ref().and_then(Hook::running) {
+            e.set_huge(addr as usize, len, advice == libc::MADV_HUGEPAGE);
         }
     }
     // Access advice: a program that says its access is random gets the zero page for its reads.
     let access = [libc::MADV_RANDOM, libc::MADV_NORMAL, libc::MADV_SEQUENTIAL];
     if r == 0 && len > 0 && access.contains(&advice) {
-        if let Some(_g) = enter() {
-            let _q = Quiet::new();
-            if let Some(e) = state::running() {
-                e.set_random(addr as usize, len, advice == libc::MADV_RANDOM);
-            }
+        if let Some(e) = Hook::enter().as_ref().and_then(Hook::running) {
+            e.set_random(addr as usize, len, advice == libc::MADV_RANDOM);
         }
     }
     r
@@ -99,6 +102,10 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
 ///
 /// # Safety
 /// As munmap(2): the caller gives up the range.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     recycle_before_unmap(addr as usize, len);
@@ -117,8 +124,8 @@ fn recycle_before_unmap(addr: usize, len: usize) {
     else {
         return;
     };
-    let Some(_g) = enter() else { return };
-    let Some(e) = state::running().filter(|e| e.options().recycle) else {
+    let Some(h) = Hook::enter() else { return };
+    let Some(e) = h.running().filter(|e| e.options().recycle) else {
         return;
     };
     let (Some((first, _)), Some((_, last))) = (e.range_of(addr), e.range_of(end - PAGE_SIZE)) else {
@@ -127,7 +134,6 @@ fn recycle_before_unmap(addr: usize, len: usize) {
     if first != addr || last != end || e.serves(addr.wrapping_sub(PAGE_SIZE)) || e.serves(end) {
         return;
     }
-    let _q = Quiet::new();
     // SAFETY: the caller unmaps the range right after: its contents are given up.
     let _ = unsafe { e.recycle(addr as *mut u8, end - addr) };
 }
@@ -142,6 +148,10 @@ unsafe fn sys_mmap(addr: *mut c_void, len: size_t, prot: c_int, flags: c_int, fd
 ///
 /// # Safety
 /// As mmap(2): with `MAP_FIXED` the caller owns what the mapping replaces.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mmap(
     addr: *mut c_void,
@@ -163,6 +173,10 @@ pub unsafe extern "C" fn mmap(
 ///
 /// # Safety
 /// As `mmap`.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mmap64(
     addr: *mut c_void,
@@ -203,6 +217,10 @@ unsafe fn sys_mremap(
 ///
 /// # Safety
 /// As mremap(2): the caller owns both ranges, and the old one is not used after a move.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mremap(
     old: *mut c_void,
@@ -211,8 +229,8 @@ pub unsafe extern "C" fn mremap(
     flags: c_int,
     new_addr: *mut c_void,
 ) -> *mut c_void {
-    let g = enter();
-    let e = g.as_ref().and_then(|_| state::running());
+    let hook = Hook::enter();
+    let e = hook.as_ref().and_then(Hook::running);
     if let Some(r) = e.and_then(|e| grow_in_place(e, old, old_len, new_len, flags)) {
         return r;
     }
@@ -221,22 +239,23 @@ pub unsafe extern "C" fn mremap(
     // `unknown_faults`) would otherwise make a move of several VMAs fail with EFAULT. An
     // unregister where nothing is registered changes nothing.
     let served = e.filter(|e| {
-        let _q = Quiet::new();
         let served = e.serves_any(old as usize, old_len);
         e.release(old as usize, old_len.next_multiple_of(PAGE_SIZE));
         served
     });
     // SAFETY: the caller's arguments, passed on unchanged.
-    let r = unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
+    let call = || unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
+    let r = match &hook {
+        Some(h) => h.outside(call),
+        None => call(),
+    };
     if let (Some(e), true) = (served, r == libc::MAP_FAILED) {
         // Refused (no room to grow, a bad flag): the mapping is where it was, as it was; the
-        // engine serves it again (errno is the kernel's, kept by Quiet).
-        let _q = Quiet::new();
+        // engine serves it again (errno is the kernel's, kept by the hook scope).
         // SAFETY: as below: the program's own anonymous private memory, unchanged.
         let _ = unsafe { e.adopt(old as usize, old_len.next_multiple_of(PAGE_SIZE), false) };
     }
     if let (Some(e), true) = (served, r != libc::MAP_FAILED) {
-        let _q = Quiet::new();
         let (kept, grown) = (old_len.next_multiple_of(PAGE_SIZE), new_len.next_multiple_of(PAGE_SIZE));
         // Taken back whole: a mapping grown in steps that had to move here grows in place
         // from now on (`grow_in_place`), until it fills the room it moved into.
@@ -265,6 +284,10 @@ pub unsafe extern "C" fn mremap(
 /// after it (ENOMEM, then a move where `MREMAP_MAYMOVE` allows one). Growing in place is what
 /// the kernel does first whenever it can, so the result is the kernel's. Why: docs/DESIGN.md,
 /// "Blocks that grow in small steps".
+///
+/// # Context
+/// A program thread, from [`mremap`], inside the hook scope, quiet (`e` came from it); takes
+/// the engine's registration lock.
 fn grow_in_place(
     e: &engine::Engine,
     old: *mut c_void,
@@ -280,7 +303,6 @@ fn grow_in_place(
     if flags & !libc::MREMAP_MAYMOVE != 0 || at % PAGE_SIZE != 0 || kept == 0 || grown <= kept {
         return None;
     }
-    let _q = Quiet::new();
     let end = at.checked_add(kept)?;
     // The whole old span served, and nothing served right after it (which would be another
     // mapping: in-place growth fails there anyway).
@@ -311,21 +333,23 @@ fn grow_in_place(
 ///
 /// # Safety
 /// As mlockall(2): no pointer is passed; unsafe as the C symbol the program calls.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
-    let g = enter();
-    let e = g.as_ref().and_then(|_| state::running());
+    // Nested in another hook, the engine is left alone but the arena is still unlocked.
+    let h = Hook::enter_or_nest();
     let current = flags & libc::MCL_CURRENT != 0;
-    if current {
-        if let Some(e) = e {
-            let _q = Quiet::new();
-            e.before_mlockall();
-        }
+    let e = if current && h.outer() { h.running() } else { None };
+    if let Some(e) = e {
+        e.before_mlockall();
     }
     // SAFETY: mlockall takes one int of flags.
-    let r = unsafe { libc::syscall(libc::SYS_mlockall, flags) } as c_int;
+    let r = h.outside(|| unsafe { libc::syscall(libc::SYS_mlockall, flags) } as c_int);
     if current {
-        let _q = Quiet::new();
+        h.quiet(); // the arena's lock, below
         if let Some(e) = e {
             e.after_mlockall();
         }
@@ -337,18 +361,17 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
             let _ = mman::munlock(live, len);
         }
     }
-    if r == 0 && g.is_some() {
-        set_lock_future(flags & libc::MCL_FUTURE != 0);
+    if r == 0 && h.outer() {
+        set_lock_future(&h, flags & libc::MCL_FUTURE != 0);
     }
     r
 }
 
 /// Remembers whether new memory is locked (`mlockall(MCL_FUTURE)`), and pauses the pool
 /// meanwhile (see [`engine::Engine::pause_pool`]).
-fn set_lock_future(on: bool) {
+fn set_lock_future(h: &Hook, on: bool) {
     state::set_lock_future(on);
-    if let Some(e) = state::running() {
-        let _q = Quiet::new();
+    if let Some(e) = h.running() {
         e.pause_pool(on);
     }
 }
@@ -357,13 +380,17 @@ fn set_lock_future(on: bool) {
 ///
 /// # Safety
 /// As munlockall(2): no pointer is passed; unsafe as the C symbol the program calls.
+///
+/// # Context
+/// Any program thread; the system call as the program made it, the engine's part inside the
+/// hook scope.
 #[no_mangle]
 pub unsafe extern "C" fn munlockall() -> c_int {
     // SAFETY: munlockall takes no argument.
     let r = unsafe { libc::syscall(libc::SYS_munlockall) } as c_int;
     if r == 0 {
-        if let Some(_g) = enter() {
-            set_lock_future(false);
+        if let Some(h) = Hook::enter() {
+            set_lock_future(&h, false);
         }
     }
     r
@@ -381,6 +408,9 @@ type MmapHook = extern "C" fn(*const c_void, *const c_void, size_t, c_int, c_int
 type MremapHook = extern "C" fn(*const c_void, *const c_void, size_t, size_t, c_int, *const c_void);
 type SbrkHook = extern "C" fn(*const c_void, isize);
 
+/// # Context
+/// Any program thread, from gperftools' MallocHook after its call; the engine's part inside the
+/// hook scope.
 extern "C" fn tc_mmap(
     result: *const c_void,
     _: *const c_void,
@@ -395,6 +425,9 @@ extern "C" fn tc_mmap(
     }
 }
 
+/// # Context
+/// Any program thread, from gperftools' MallocHook after its call; the engine's part inside the
+/// hook scope.
 extern "C" fn tc_mremap(
     result: *const c_void,
     old: *const c_void,
@@ -406,9 +439,8 @@ extern "C" fn tc_mremap(
     if std::ptr::eq(result, libc::MAP_FAILED) {
         return;
     }
-    let Some(_g) = enter() else { return };
-    let _q = Quiet::new();
-    let Some(e) = state::running() else { return };
+    let Some(h) = Hook::enter() else { return };
+    let Some(e) = h.running() else { return };
     let (at, old_len, new_len) = (
         result as usize,
         old_size.next_multiple_of(PAGE_SIZE),
@@ -428,13 +460,15 @@ extern "C" fn tc_mremap(
     }
 }
 
+/// # Context
+/// Any program thread, from gperftools' MallocHook after its call; the engine's part inside the
+/// hook scope.
 extern "C" fn tc_sbrk(result: *const c_void, increment: isize) {
     if result as isize == -1 || increment < threshold() as isize {
         return;
     }
-    let Some(_g) = enter() else { return };
-    let _q = Quiet::new();
-    let Some(e) = state::engine_for(increment as usize) else {
+    let Some(h) = Hook::enter() else { return };
+    let Some(e) = h.engine_for(increment as usize) else {
         return;
     };
     // The heap grew from the old break `result`: the whole pages past it are new.

@@ -27,7 +27,7 @@ impl Sym {
         // Under the front, the next definition after the front (this library, dlopen()ed, is
         // last in the search order: its RTLD_NEXT would skip an allocator preloaded after us).
         // SAFETY: dlsym with RTLD_NEXT and a NUL-terminated name; a null result is kept as 0.
-        let f = crate::state::front_next(self.name)
+        let f = crate::front::front_next(self.name)
             .unwrap_or_else(|| unsafe { libc::dlsym(libc::RTLD_NEXT, self.name.as_ptr()) });
         self.addr.store(f as usize, Release);
     }
@@ -94,7 +94,7 @@ pub fn resolve() {
     if syms::malloc.addr.load(Acquire) != 0 {
         return;
     }
-    let f = crate::state::flags();
+    let f = crate::front::flags();
     f.resolving.set(1);
     for s in ALL {
         s.resolve();
@@ -104,7 +104,7 @@ pub fn resolve() {
 
 /// Whether this thread is inside [`resolve`] (its allocations come from the boot buffer).
 pub fn resolving() -> bool {
-    crate::state::flags().resolving.get() != 0
+    crate::front::flags().resolving.get() != 0
 }
 
 const BOOT_LEN: usize = 1 << 16;

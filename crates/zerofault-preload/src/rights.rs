@@ -21,7 +21,8 @@
 //!   be made). The front retries such an EFAULT once after [`zerofault_prefault`] had the
 //!   engine serve the words.
 
-use crate::state::{self, arena, enter, say, Quiet};
+use crate::hook::Hook;
+use crate::state::{self, arena, say};
 use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_int, c_void};
 use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
@@ -35,14 +36,14 @@ const MADV_POPULATE_WRITE: c_int = 23;
 /// must call [`zerofault_release_threads`] after its call.
 ///
 /// # Context
-/// A program thread, from the front's hook, before the call; sleeps until the engine's threads
-/// have left.
+/// A program thread, from the front's hook, before the call, inside the hook scope, quiet;
+/// sleeps until the engine's threads have left.
 #[no_mangle]
 pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
-    let Some(_g) = enter() else { return 0 };
-    let _q = Quiet::new();
+    let Some(h) = Hook::enter() else { return 0 };
+    h.quiet();
     if for_good != 0 {
-        match state::switch_off() {
+        match h.switch_off() {
             Some(e) if e.is_active() => {
                 e.stop_for_good();
                 if e.options().verbose {
@@ -63,7 +64,7 @@ pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
         }
         return 0;
     }
-    match state::running() {
+    match h.running() {
         Some(e) if e.is_active() && HELD.fetch_add(1, Relaxed) >= MAX_HOLDS => {
             e.stop_for_good();
             if e.options().verbose {
@@ -88,7 +89,8 @@ pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
 /// restart the engine's threads keep the old credentials, running only the engine's code.
 ///
 /// # Context
-/// A program thread, from the front's hook, after the call.
+/// A program thread, from the front's hook, after the call; as [`zerofault_hold_threads`] and
+/// [`zerofault_release_threads`], each in a hook scope of its own.
 #[no_mangle]
 pub extern "C" fn zerofault_restart_threads() {
     if zerofault_hold_threads(0) != 0 {
@@ -107,12 +109,11 @@ const MAX_HOLDS: u32 = 64;
 /// Starts the engine's threads again after the call [`zerofault_hold_threads`] stopped them for.
 ///
 /// # Context
-/// A program thread, from the front's hook, right after the call.
+/// A program thread, from the front's hook, right after the call, inside the hook scope,
+/// quiet; waits for the engine's threads to start.
 #[no_mangle]
 pub extern "C" fn zerofault_release_threads() {
-    let Some(_g) = enter() else { return };
-    let _q = Quiet::new();
-    if let Some(e) = state::running() {
+    if let Some(e) = Hook::enter().as_ref().and_then(Hook::running) {
         e.resume();
     }
 }
@@ -126,12 +127,12 @@ pub extern "C" fn zerofault_release_threads() {
 /// `arg` points to a readable `struct uffdio_register` (the kernel read it).
 ///
 /// # Context
-/// A program thread, from the front's hook; takes the registration lock.
+/// A program thread, from the front's hook, inside the hook scope, quiet; takes the
+/// registration lock and the shim's lock of foreign spans.
 #[no_mangle]
 pub unsafe extern "C" fn zerofault_foreign_register(fd: c_int, arg: *const c_void) -> c_int {
-    let Some(_g) = enter() else { return 0 };
-    let _q = Quiet::new();
-    let Some(e) = state::running() else { return 0 };
+    let Some(h) = Hook::enter() else { return 0 };
+    let Some(e) = h.running() else { return 0 };
     if arg.is_null() || e.is_own_uffd(fd) {
         return 0;
     }
@@ -168,12 +169,12 @@ pub unsafe extern "C" fn zerofault_foreign_register(fd: c_int, arg: *const c_voi
 /// program's own touch does). Returns 1 when one was, and the operation may be tried again.
 ///
 /// # Context
-/// A program thread, from the front's hook.
+/// A program thread, from the front's hook, inside the hook scope, quiet; waits for the
+/// engine to serve the words.
 #[no_mangle]
 pub extern "C" fn zerofault_prefault(uaddr: *const c_void, uaddr2: *const c_void) -> c_int {
-    let Some(_g) = enter() else { return 0 };
-    let _q = Quiet::new();
-    let Some(e) = state::running() else { return 0 };
+    let Some(h) = Hook::enter() else { return 0 };
+    let Some(e) = h.running() else { return 0 };
     let mut any = 0;
     for a in [uaddr as usize, uaddr2 as usize] {
         if a != 0 && e.serves(a) {
@@ -211,8 +212,9 @@ fn foreign_arena_span(start: usize, end: usize) {
 /// when it was (the range then reads zero).
 ///
 /// # Context
-/// A program thread, inside free or realloc, signals blocked.
-pub fn renew_foreign(addr: usize, len: usize) -> bool {
+/// A program thread, inside free or realloc, in the hook scope `h`, quiet; takes the shim's
+/// lock of foreign spans, and the engine's registration lock.
+pub fn renew_foreign(h: &Hook, addr: usize, len: usize) -> bool {
     let end = addr + len;
     let hit = {
         let mut t = FOREIGN.lock().unwrap_or_else(|e| e.into_inner());
@@ -233,7 +235,7 @@ pub fn renew_foreign(addr: usize, len: usize) -> bool {
     if unsafe { mman::remap_fresh(addr, len) }.is_err() {
         return false;
     }
-    if let Some(e) = state::running() {
+    if let Some(e) = h.running() {
         // SAFETY: fresh anonymous private memory of the arena's.
         let _ = unsafe { e.adopt(addr, len, false) };
     }
@@ -244,11 +246,11 @@ pub fn renew_foreign(addr: usize, len: usize) -> bool {
 /// memory while it is set, as the kernel makes none.
 ///
 /// # Context
-/// A program thread, from the front's hook, after the call.
+/// A program thread, from the front's hook, after the call, inside the hook scope; stores one
+/// flag, takes no lock.
 #[no_mangle]
 pub extern "C" fn zerofault_thp_disabled(on: c_int) {
-    let Some(_g) = enter() else { return };
-    if let Some(e) = state::running() {
+    if let Some(e) = Hook::enter().as_ref().and_then(Hook::running) {
         e.set_thp_disabled(on != 0);
     }
 }
