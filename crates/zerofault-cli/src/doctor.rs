@@ -13,7 +13,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use zerofault::page::PAGE_SIZE;
-use zerofault::{is_zero, Engine, EngineError, Features, Options, UffdError, ZeroMethod};
+use zerofault::{is_zero, Engine, Features, Options, StartError, UffdError, ZeroMethod};
 
 /// What a check concluded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -839,7 +839,7 @@ fn serve_and_check(bytes: usize) -> Result<TestRun, String> {
     let t0 = Instant::now();
     let opts = Options::from_env().map_err(|e| e.to_string())?;
     let engine = Engine::new(opts).map_err(|e| match e {
-        EngineError::Uffd(UffdError::Open { .. }) => {
+        StartError::Uffd(UffdError::Open { .. }) => {
             "the engine did not start: no userfaultfd opens (the userfaultfd access line)".to_string()
         }
         e => format!("the engine did not start: {e}"),

@@ -168,7 +168,7 @@ pub(crate) use pool::machine;
 #[cfg(test)]
 mod testing;
 
-pub use engine::{in_engine_thread, probe, Engine, EngineError, NodePool};
+pub use engine::{in_engine_thread, probe, Engine, MapError, NodePool, RecycleError, StartError};
 pub use memory::region::{Recycled, Region};
 pub use options::{OptionError, Options, StatsOut};
 pub use pool::zero::{is_zero, ZeroMethod};

@@ -1,0 +1,288 @@
+//! Starting the engine: its userfaultfd, doorbells, pools, staging areas and zero source,
+//! the state they share, and its threads.
+
+use super::{Engine, StartError, Threads};
+use crate::options::Options;
+use crate::pool::scrub;
+use crate::pool::zero::source::ZeroSource;
+use crate::pool::Pool;
+use crate::state::{Shared, SharedParts};
+use crate::stats::{Stats, StatsHome};
+use crate::sys::mman::{self, PAGE_SIZE, PMD_SIZE};
+use crate::sys::uffd::Features;
+use crate::sys::uffd::Uffd;
+use crate::{fault, sys};
+use std::sync::{Arc, Mutex};
+
+/// The NUMA view the engine runs with: `None` (one pool, nothing NUMA done) unless at least
+/// two nodes with memory are open to the process, and the calls per-node pools need work here
+/// (a container's seccomp profile may refuse them: then it runs as on one node). Handler
+/// threads inherit the starting thread's policy, which the kernel applies to mappings with none
+/// of their own. Nodes outside the process's cpuset, or outside its bind or interleave policy
+/// (`numactl --membind`, `--interleave`), take no pool: natively it would hold no memory there.
+/// On one node, no NUMA system call is made.
+fn numa_view() -> Option<crate::nodes::Nodes> {
+    use crate::nodes::Policy;
+    use crate::sys::numa;
+    let mut t = numa::Topology::read(std::path::Path::new("/sys")).ok()?;
+    let with_memory = |t: &numa::Topology| t.nodes.iter().filter(|n| n.mem_total > 0).count();
+    if with_memory(&t) < 2 {
+        return None;
+    }
+    let (mode, mask) = numa::thread_policy().ok()?;
+    let allowed = numa::mems_allowed().ok()?;
+    let here = 0u8;
+    let mut on = [-1i32];
+    numa::nodes_of(&[std::ptr::addr_of!(here) as usize & !(PAGE_SIZE - 1)], &mut on).ok()?;
+    let policy = Policy::from_mode(mode, mask).unwrap_or(Policy::Local);
+    let keep = |id: u32| {
+        allowed.contains(id)
+            && match policy {
+                Policy::Bind(m) | Policy::Interleave(m) => m.contains(id),
+                _ => true,
+            }
+    };
+    for n in t.nodes.iter_mut().filter(|n| !keep(n.id)) {
+        n.mem_total = 0;
+    }
+    (with_memory(&t) > 1).then(|| crate::nodes::Nodes::new(t, policy))
+}
+
+/// `opts` with the pools bounded by a memory cgroup's limit: an eighth of it at most (no pool
+/// when that is under two huge pages), the scrub's watermarks within it (DESIGN.md, "The
+/// pool's memory budget").
+fn within_cgroup(mut opts: Options, cgroup: Option<&sys::cgroup::MemoryCgroup>) -> Options {
+    let Some(cg) = cgroup else { return opts };
+    let eighth = usize::try_from(cg.limit / 8).unwrap_or(usize::MAX) / PMD_SIZE * PMD_SIZE;
+    if eighth >= opts.pool_max {
+        return opts;
+    }
+    opts.pool_max = eighth.max(PMD_SIZE);
+    if eighth < 2 * PMD_SIZE {
+        opts.pool = false;
+    }
+    opts.scrub_stop = opts.scrub_stop.min(opts.pool_max);
+    opts.scrub_start = opts.scrub_start.min(opts.scrub_stop);
+    opts
+}
+
+/// The doorbells of `handlers` handlers, one page each, registered with `uffd`: their address.
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; maps and registers memory.
+fn doorbells(uffd: &Uffd, handlers: usize) -> Result<usize, StartError> {
+    let bells = handlers * PAGE_SIZE;
+    let doorbell = mman::map_aligned(bells, PAGE_SIZE, libc::PROT_NONE, true).map_err(StartError::Doorbells)?;
+    // SAFETY: the doorbells are our own fresh pages; each one's fault is answered by a
+    // handler (or, the descriptor closed, by the kernel).
+    if let Err(e) = unsafe { uffd.register(doorbell, bells) } {
+        // SAFETY: our own pages, known to nobody yet.
+        let _ = unsafe { mman::unmap(doorbell, bells) };
+        return Err(StartError::RegisterDoorbells(e.into()));
+    }
+    Ok(doorbell)
+}
+
+/// The engine's pools (none without the pool knob or `UFFDIO_MOVE`): one per node of `numa`
+/// that takes one, or one as on one node; `huge`: with huge rings, `recycle`: recycling.
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; maps memory.
+fn make_pools(
+    opts: &Options,
+    features: Features,
+    huge: bool,
+    numa: &Option<crate::nodes::Nodes>,
+    recycle: bool,
+) -> Result<Vec<Pool>, StartError> {
+    if !(opts.pool && features.has(Features::MOVE)) {
+        return Ok(Vec::new());
+    }
+    let nodes: Vec<Option<u32>> = match numa {
+        Some(n) => n.pool_nodes().map(Some).collect(),
+        None => vec![None],
+    };
+    // Under an address-space limit (the shim caps pool_max by it) the nodes share it.
+    let bytes = match (nodes.len(), mman::address_limit()) {
+        (k, Some(_)) if k > 1 => (opts.pool_max / k / PMD_SIZE * PMD_SIZE).max(PMD_SIZE),
+        _ => opts.pool_max,
+    };
+    nodes
+        .iter()
+        .map(|&node| Pool::new(bytes, huge, recycle, node).map_err(StartError::Pool))
+        .collect()
+}
+
+/// The staging areas of `handlers` handlers, one PMD each, when the first of `pools` has a
+/// huge ring; none otherwise.
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; maps memory.
+fn staging_areas(pools: &[Pool], handlers: usize) -> Result<Vec<mman::Mapping>, StartError> {
+    let mut stage = Vec::new();
+    if pools.first().is_some_and(|p| p.huge.is_some()) {
+        for _ in 0..handlers {
+            let m = mman::Mapping::new(PMD_SIZE, mman::Thp::Always).map_err(StartError::Staging)?;
+            // SAFETY: the staging area is ours; a forked child has no use for it.
+            let _ = unsafe { mman::madvise(m.as_ptr() as usize, PMD_SIZE, mman::MADV_DONTFORK) };
+            stage.push(m);
+        }
+    }
+    Ok(stage)
+}
+
+/// `pools` with their rings registered with `uffd` for recycling (`opts.recycle`); where
+/// registration is refused, pools made again without recycling (see [`make_pools`]).
+///
+/// # Context
+/// A program thread, in [`Engine::start`], with no lock held; registers memory (and maps it,
+/// making pools again).
+fn register_rings(
+    opts: &Options,
+    uffd: &Uffd,
+    pools: Vec<Pool>,
+    features: Features,
+    huge: bool,
+    numa: &Option<crate::nodes::Nodes>,
+) -> Result<Vec<Pool>, StartError> {
+    // Recycled pages move into the rings, which the kernel allows only into ranges
+    // registered with the userfaultfd. Registered last, when nothing can fail before the
+    // handler runs: a registered ring unmapped with the descriptor open and no handler
+    // would wait for ever for its UNMAP event to be read. Where registration is refused,
+    // the rings are unregistered again and there is no recycling.
+    if opts.recycle && pools.iter().any(|p| p.register(uffd).is_err()) {
+        for p in &pools {
+            p.unregister(uffd);
+        }
+        drop(pools);
+        make_pools(opts, features, huge, numa, false)
+    } else {
+        Ok(pools)
+    }
+}
+
+impl Engine {
+    /// Starts an engine with the given options.
+    pub fn new(opts: Options) -> Result<Engine, StartError> {
+        Engine::start(opts, StatsHome::Own(Box::default()))
+    }
+
+    /// Starts an engine that adds its counters to `stats`, which others may share (the
+    /// counters of several engines then add up; [`Engine::stats`] shows the sum).
+    pub fn with_stats(opts: Options, stats: &'static Stats) -> Result<Engine, StartError> {
+        Engine::start(opts, StatsHome::Lent(stats))
+    }
+
+    /// The engine of [`Engine::new`] and [`Engine::with_stats`]: its userfaultfd, doorbells,
+    /// pools and staging areas, the state they share, then its threads.
+    ///
+    /// # Context
+    /// A program thread (the one starting the engine), with no lock held; takes only the new
+    /// engine's thread list; waits for nothing but its system calls and the threads it spawns.
+    fn start(opts: Options, stats: StatsHome) -> Result<Engine, StartError> {
+        opts.validate()?;
+        let cgroup = sys::cgroup::MemoryCgroup::find();
+        let opts = within_cgroup(opts, cgroup.as_ref());
+        let page = mman::system_page_size();
+        if page != PAGE_SIZE {
+            return Err(StartError::PageSize(page));
+        }
+        sys::thread::prepare().map_err(StartError::ThreadLayout)?;
+        let uffd = Uffd::open().map_err(StartError::Uffd)?;
+        let features = uffd.features();
+        let handlers = opts.handler_count();
+        let doorbell = doorbells(&uffd, handlers)?;
+        let huge = opts.pool_thp && mman::thp_available();
+        // Several nodes with memory: a pool per node (see nodes.rs); where a node's pool cannot
+        // be bound, one pool as on one node.
+        let mut numa = numa_view();
+        let pools = match make_pools(&opts, features, huge, &numa, opts.recycle) {
+            Err(_) if numa.is_some() => {
+                numa = None;
+                make_pools(&opts, features, huge, &numa, opts.recycle)?
+            }
+            r => r?,
+        };
+        let stage = staging_areas(&pools, handlers)?;
+        let zero = ZeroSource::new().map_err(StartError::ZeroSource)?;
+        let pools = register_rings(&opts, &uffd, pools, features, huge, &numa)?;
+        let identity = uffd.identity();
+        // The engine's producers: its handlers and one scrub per pool.
+        let lend_at = opts.lend_at(handlers + pools.len(), sys::thread::allowed_cpus());
+        let (machine, machine_refused) = machine_state(&opts);
+        let shared = Arc::new(Shared::new(SharedParts {
+            stage,
+            uffd: Some(uffd),
+            features,
+            pools,
+            zero,
+            stats,
+            machine,
+            machine_refused,
+            thp_disabled: sys::thread::thp_disabled(),
+            doorbell,
+            handlers,
+            uffd_identity: Some(identity),
+            lending: crate::fault::handback::Lending::new(lend_at),
+            budget: crate::pool::budget::Budget::new(opts.pool_max, cgroup),
+            numa,
+            opts,
+        }));
+        // Built before spawning, so that a failed spawn drops an Engine that stops what started
+        // (its drop rings one doorbell per handler started).
+        let mut engine = Engine {
+            shared,
+            threads: Mutex::new(Threads::default()),
+        };
+        let threads = engine.threads.get_mut().unwrap_or_else(|e| e.into_inner());
+        Engine::spawn_handlers(&engine.shared, threads, &|| ())?;
+        Engine::spawn_scrubbers(&engine.shared, threads)?;
+        Ok(engine)
+    }
+
+    /// Starts the handlers; `after_first` runs once the first one is there (the resume re-arms
+    /// the doorbells then).
+    pub(super) fn spawn_handlers(
+        shared: &Arc<Shared>,
+        threads: &mut Threads,
+        after_first: &dyn Fn(),
+    ) -> Result<(), StartError> {
+        for i in 0..shared.handling.len() {
+            let s = shared.clone();
+            let t = sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i)));
+            threads.handlers.push(t.map_err(StartError::Thread)?);
+            if i == 0 {
+                after_first();
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn spawn_scrubbers(shared: &Arc<Shared>, threads: &mut Threads) -> Result<(), StartError> {
+        for i in 0..shared.pools.len() {
+            let s = shared.clone();
+            let t = sys::thread::spawn("zerofault-scrub", Box::new(move || scrub::run(s, i)));
+            threads.scrubbers.push(t.map_err(StartError::Thread)?);
+        }
+        Ok(())
+    }
+
+    /// Starts an engine with the options of the environment (`ZEROFAULT_<NAME>`).
+    pub fn from_env() -> Result<Engine, StartError> {
+        Engine::new(Options::from_env()?)
+    }
+}
+
+/// The machine-wide state (`machine` knob), or alone with the reason.
+fn machine_state(opts: &Options) -> (crate::machine::Machine, Option<String>) {
+    use crate::machine::Machine;
+    if !opts.machine {
+        return (Machine::alone(), Some("the machine knob is off".into()));
+    }
+    let dir = crate::machine::runtime_dir();
+    let cpus = u32::try_from(sys::thread::online_cpus()).unwrap_or(u32::MAX);
+    match Machine::open(dir.as_deref(), cpus) {
+        Ok(m) => (m, None),
+        Err(why) => (Machine::alone(), Some(why.to_string())),
+    }
+}
