@@ -9,7 +9,7 @@
 use crate::memory::region::Region;
 use crate::options::Options;
 use crate::page::{bytes, pages};
-use crate::pool::Pool;
+use crate::pool::{FillError, Pool};
 use crate::state::Shared;
 use crate::stats::Snapshot;
 use crate::stats::Stats;
@@ -171,7 +171,7 @@ impl Engine {
         for p in &self.shared.pools {
             match p.fill_to(pages(bytes), &self.shared.stats, || false) {
                 // A full node's pool stays as it is (its faults go to the next node's).
-                Err(e) if p.node.is_some() && e.kind() == io::ErrorKind::OutOfMemory => {}
+                Err(FillError::NodeFull) if p.node.is_some() => {}
                 r => r?,
             }
         }

@@ -74,6 +74,7 @@ use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
 
 use ring::fill_loop;
+pub(crate) use ring::FillError;
 pub(crate) use ring::{map_ring, Ring};
 
 /// The bit of pool `ix` in a mask of pools (an install's pools found empty, a recycle's
@@ -342,7 +343,7 @@ impl Pool {
     /// tie), or into the other when that one is full. Returns the pages added; 0 when both are
     /// full (or `max_pages` is under a huge chunk and the small ring is full). Without
     /// `huge_too`, the small ring only (see `Shared::huge_wanted`).
-    pub(crate) fn fill_step(&self, max_pages: u64, huge_too: bool, stats: &Stats) -> io::Result<u64> {
+    pub(crate) fn fill_step(&self, max_pages: u64, huge_too: bool, stats: &Stats) -> Result<u64, FillError> {
         if self.room() == 0 {
             return Ok(0);
         }
@@ -358,12 +359,10 @@ impl Pool {
             Ok(0) => second.fill_step(max_pages, stats),
             // A node found full for one ring (no huge page there, say) may have pages for the
             // other.
-            Err(e) if self.node.is_some() && e.kind() == io::ErrorKind::OutOfMemory => {
-                match second.fill_step(max_pages, stats) {
-                    Ok(n) if n > 0 => Ok(n),
-                    _ => Err(e),
-                }
-            }
+            Err(FillError::NodeFull) if self.node.is_some() => match second.fill_step(max_pages, stats) {
+                Ok(n) if n > 0 => Ok(n),
+                _ => Err(FillError::NodeFull),
+            },
             r => r,
         }
     }
@@ -375,7 +374,7 @@ impl Pool {
 
     /// Populates until `target` pages are ready in all (capped at capacity), on the calling
     /// thread.
-    pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> Result<(), FillError> {
         fill_loop(
             target.min(self.capacity()),
             stop,
@@ -450,7 +449,7 @@ mod tests {
     fn pretend_filled(r: &Ring, n: u64) {
         let mut got = 0;
         while got < n {
-            got += r.fill_with(n - got, |_, n| Ok(n)).unwrap();
+            got += r.fill_with(n - got, |_, n| Ok::<u64, FillError>(n)).unwrap();
         }
     }
 

@@ -278,11 +278,11 @@ impl Ring {
     /// to a node asks where the chunk's first and last pages went (`move_pages`, one call):
     /// pages the kernel took from another node mean the node is full (its fast path found the
     /// node below its watermark and fell back, seed 001's full zone), and the chunk is
-    /// discarded unpublished, an `OutOfMemory` error (see [`node_full_error`]).
-    pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> io::Result<u64> {
+    /// discarded unpublished: [`FillError::NodeFull`].
+    pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> Result<u64, FillError> {
         let node = self.node;
         let n = self.fill_with(max_pages, |addr, n| {
-            mman::populate_write(addr, bytes(n))?;
+            mman::populate_write(addr, bytes(n)).map_err(FillError::from)?;
             if let Some(node) = node {
                 let ends = [addr, addr + bytes(n - 1)];
                 let mut on = [-1i32; 2];
@@ -293,14 +293,14 @@ impl Ring {
                 {
                     // SAFETY: free slots of the ring, not published: nobody takes them.
                     let _ = unsafe { mman::madvise(addr, bytes(n), mman::MADV_DONTNEED) };
-                    return Err(node_full_error());
+                    return Err(FillError::NodeFull);
                 }
             }
             Ok(n)
         });
         match &n {
             Ok(k) if *k > 0 => self.full_at.store(0, Release),
-            Err(e) if e.kind() == io::ErrorKind::OutOfMemory => self.mark_node_full(),
+            Err(FillError::NodeFull) => self.mark_node_full(),
             _ => {}
         }
         let n = n?;
@@ -317,11 +317,7 @@ impl Ring {
     /// still holds a page (given back after the producer came round it: see
     /// `RingIndex::untake`) holds a zero page: `fill` may count it as filled. Returns the
     /// pages published; 0 when the ring is full.
-    pub(crate) fn fill_with(
-        &self,
-        max_pages: u64,
-        fill: impl FnOnce(usize, u64) -> io::Result<u64>,
-    ) -> io::Result<u64> {
+    pub(crate) fn fill_with<E>(&self, max_pages: u64, fill: impl FnOnce(usize, u64) -> Result<u64, E>) -> Result<u64, E> {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
         let Some((t, n)) = self.index.fill_begin(max_pages.min(FILL_CHUNK_PAGES)) else {
             return Ok(0);
@@ -348,7 +344,7 @@ impl Ring {
 
     /// Populates until `target` pages are ready (capped at capacity), on the calling thread.
     #[cfg(test)]
-    pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> io::Result<()> {
+    pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> Result<(), FillError> {
         fill_loop(
             target.min(self.index.pages),
             stop,
@@ -384,10 +380,33 @@ impl Drop for Ring {
     }
 }
 
-/// The error of a populate that found its node full (see [`Ring::fill_step`]); a populate
-/// refused for memory (`ENOMEM`) is the same kind: no page to be had there.
-pub(crate) fn node_full_error() -> io::Error {
-    io::Error::new(io::ErrorKind::OutOfMemory, "the pool's node is full")
+/// Why a producer step put no page into a ring.
+#[derive(Debug)]
+pub(crate) enum FillError {
+    /// No page to be had on the ring's node: the populate's pages landed on another node (see
+    /// [`Ring::fill_step`]), or the populate was refused for memory (`ENOMEM`).
+    NodeFull,
+    /// The populate was refused otherwise.
+    Os(io::Error),
+}
+
+impl From<io::Error> for FillError {
+    fn from(e: io::Error) -> FillError {
+        if e.kind() == io::ErrorKind::OutOfMemory {
+            FillError::NodeFull
+        } else {
+            FillError::Os(e)
+        }
+    }
+}
+
+impl From<FillError> for io::Error {
+    fn from(e: FillError) -> io::Error {
+        match e {
+            FillError::NodeFull => io::Error::new(io::ErrorKind::OutOfMemory, "the pool's node is full"),
+            FillError::Os(e) => e,
+        }
+    }
 }
 
 /// Producer steps until `available()` reaches `target`, a step adds nothing, or `stop()`.
@@ -395,8 +414,8 @@ pub(super) fn fill_loop(
     target: u64,
     stop: impl Fn() -> bool,
     available: impl Fn() -> u64,
-    mut step: impl FnMut(u64) -> io::Result<u64>,
-) -> io::Result<()> {
+    mut step: impl FnMut(u64) -> Result<u64, FillError>,
+) -> Result<(), FillError> {
     while !stop() {
         let have = available();
         if have >= target || step(target - have)? == 0 {

@@ -31,7 +31,7 @@
 use crate::page::{bytes, pages, PMD_PAGES};
 use crate::pool::recycle::{DirtyRing, BATCH_PAGES};
 use crate::pool::zero::methods::ZeroMethod;
-use crate::pool::{Pool, CHUNK_PAGES};
+use crate::pool::{FillError, Pool, CHUNK_PAGES};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman;
 use crate::sys::raw::Errno;
@@ -137,7 +137,7 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
             let Some(u) = uffd.as_ref() else { return Ok(0) };
             let (filled, used) = move_zeroed(u, dst, n, b.addr, k, clean.is_huge_ring());
             consumed = used;
-            Ok(filled)
+            Ok::<u64, std::io::Error>(filled)
         });
         match filled {
             Ok(0) if consumed == 0 && zeroed == 0 => {
@@ -537,7 +537,7 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64, clock: &thread::ThreadClock, 
             // Out of memory, the node full (`Pool::low`), or a refused populate: the handlers
             // copy instead, or take the next node's pages; try again on a later tick.
             Err(e) => {
-                if e.kind() == std::io::ErrorKind::OutOfMemory && pool.node.is_some() {
+                if matches!(e, FillError::NodeFull) && pool.node.is_some() {
                     Stats::add(&shared.stats.scrub_node_full, 1);
                 }
                 break;
