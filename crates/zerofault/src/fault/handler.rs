@@ -1,15 +1,13 @@
 //! The handler thread's loop, the dispatch of each message, and the faults deferred while
 //! events are drained.
 
+use super::numa::THREAD_NODES;
 use super::{Kernel, BATCH};
 use crate::fault::window::Tuning;
-use crate::nodes::{Avail, RingKind};
 use crate::options::{AheadMode, Options};
 use crate::page::{pages, PAGE_SIZE};
 use crate::pool::zero::source::ZeroSource;
-use crate::pool::{tried_bit, Pool, Ring};
 use crate::stats::{nanos, Stats};
-use crate::sync::AtomicU64;
 use crate::sys::mman::Mapping;
 use crate::sys::raw::Errno;
 use crate::sys::thread::ThreadClock;
@@ -19,26 +17,6 @@ use std::collections::VecDeque;
 use std::sync::atomic::Ordering::*;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Faulting threads whose node a handler keeps (see `Handler::choose_nodes`).
-const THREAD_NODES: usize = 64;
-/// How long a thread's node is taken as known: a thread that moves to another node meanwhile
-/// gets a window or two from the old one.
-const NODE_TTL: Duration = Duration::from_millis(10);
-
-/// Where an install takes pool pages from (see [`Handler::pool_for`]).
-pub(crate) struct Source<'a> {
-    /// The pool's index in `Shared::pools`.
-    pub(crate) ix: usize,
-    pub(crate) pool: &'a Pool,
-    /// The index of the pool of the node the fault wanted first (`None` on one node).
-    pub(crate) wanted: Option<usize>,
-    /// The wanted node was picked by interleaving.
-    pub(crate) interleaved: bool,
-}
-
-/// Times an install is retried after draining events before giving up on it.
-pub(crate) const EVENT_RETRIES: u32 = 8;
 
 /// Fails the engine open when the handler thread ends other than by an orderly stop (the
 /// doorbell rung by [`crate::Engine`]'s drop): see [`Shared::handler_left`]. Dropped after
@@ -285,49 +263,11 @@ fn spin(uffd: &Uffd, shared: &Shared, spin: Duration, cpus: usize) -> bool {
     ready
 }
 
-/// The window one handler is installing, published for the others: a fault read by another
-/// handler inside it (its thread was woken by the first huge page moved and ran on into the
-/// next) waits for it instead of installing a 4 KiB page there, which would give a PMD about
-/// to take a huge page a page table (measured with 2 handlers and a MADV_HUGEPAGE writer:
-/// 5,000 such faults a GiB, 40% of its huge pages lost, before this).
-///
-/// Its three words are written apart, so a reader may see a torn window; the worst it does
-/// with one is install the page at once or wait for nothing (bounded by [`INFLIGHT_WAIT`]),
-/// both safe: an install never overwrites a present page. A reader that sees a range id sees
-/// the bounds stored with it or later ones (Release/Acquire on `range`), never older ones.
-#[derive(Debug, Default)]
-#[repr(align(64))]
-pub(crate) struct Inflight {
-    /// The range's id; 0 when the handler installs nothing.
-    range: AtomicU64,
-    first: AtomicU64,
-    end: AtomicU64,
-}
-
-/// How long a handler waits for another's window to go in before serving the fault itself.
-pub(crate) const INFLIGHT_WAIT: Duration = Duration::from_millis(50);
-
-impl Inflight {
-    pub(crate) fn set(&self, range: u64, first: u64, end: u64) {
-        self.first.store(first, Relaxed);
-        self.end.store(end, Relaxed);
-        self.range.store(range, Release);
-    }
-
-    pub(crate) fn clear(&self) {
-        self.range.store(0, Release);
-    }
-
-    fn covers(&self, range: u64, page: u64) -> bool {
-        self.range.load(Acquire) == range && (self.first.load(Relaxed)..self.end.load(Relaxed)).contains(&page)
-    }
-}
-
-/// The handler's state: what it needs of the engine, and what it keeps between messages.
 /// Runs a window's claim returns at most, in practice (a probe splits one in two, samples
 /// each cut one more): the capacity of [`Handler::runs`].
 const RUNS: usize = 16;
 
+/// The handler's state: what it needs of the engine, and what it keeps between messages.
 pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) shared: &'a Shared,
     pub(crate) k: &'a K,
@@ -528,280 +468,6 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
     }
 
-    /// With several NUMA nodes, works out where the pages of the fault at `addr` by thread
-    /// `tid` come from, in the kernel's order (`nodes.rs`): the policy of the mapping
-    /// (`get_mempolicy` on the address, cheap: read on every fault, so that a policy
-    /// set by any means, a raw `mbind` system call too, is seen at once), else the policy the
-    /// handler inherited from the thread that started the engine; and for the local policy the
-    /// node of the CPU the thread faulted on. The first node becomes this handler's preferred
-    /// one, so that the pages the kernel allocates for this fault's installs (copies, a
-    /// populate of the staging area) come from there too (the mapping's own policy, when it has
-    /// one, still comes first: the kernel applies it). One node: nothing is done.
-    pub(crate) fn choose_nodes(&mut self, tid: u32, addr: usize) {
-        let Some(n) = self.shared.numa.as_ref() else { return };
-        // Reading the thread's CPU (open, read, close of its stat file) costs a good part of a
-        // fault's round trip (docs/DESIGN.md, "NUMA nodes"): a thread's node is kept for
-        // NODE_TTL.
-        let now = Instant::now();
-        let slot = &mut self.thread_nodes[tid as usize % THREAD_NODES];
-        let local = match *slot {
-            Some((id, node, at)) if id == tid && now.duration_since(at) < NODE_TTL => node,
-            _ => {
-                let node = crate::sys::numa::cpu_of_thread(tid).and_then(|c| n.topology.node_of_cpu(c));
-                *slot = Some((tid, node, now));
-                node
-            }
-        };
-        // A thread whose CPU cannot be read: the first pool's node.
-        let local = local.or_else(|| n.pool_nodes().next()).unwrap_or(0);
-        let policy = match crate::sys::numa::policy_of(addr) {
-            Ok((crate::sys::numa::MPOL_DEFAULT, _)) | Err(_) => n.policy,
-            Ok((mode, mask)) => crate::nodes::Policy::from_mode(mode, mask).unwrap_or(n.policy),
-        };
-        n.order_into(policy, local, &mut self.order);
-        self.interleave = None;
-        let first = match policy {
-            crate::nodes::Policy::Interleave(m) if !m.is_empty() => {
-                self.interleave = Some(m);
-                crate::nodes::interleave_node(&m, addr, 9)
-            }
-            _ => self.order.first().copied(),
-        };
-        self.home = first.and_then(|f| n.pool_of(f));
-        self.prefer_node(first);
-    }
-
-    /// Makes `node` this handler thread's preferred node, where it may steer. A node the
-    /// kernel refuses (outside the cpuset) leaves the policy as it was; it is asked again on
-    /// the next fault that wants it.
-    pub(crate) fn prefer_node(&mut self, node: Option<u32>) {
-        if !self.may_steer || node == self.preferred {
-            return;
-        }
-        if crate::sys::numa::prefer(node).is_ok() {
-            self.preferred = node;
-            if node.is_some() {
-                Stats::add(&self.stats().numa_steers, 1);
-            }
-        }
-    }
-
-    /// The first node wanted for a page at `addr` of ring `kind`, and the nodes to try after
-    /// it: the fault's order, or under interleave the page's (huge page's) own node and its
-    /// fallbacks.
-    fn order_for(&self, kind: RingKind, addr: usize) -> (&[u32], bool) {
-        let n = self.shared.numa.as_ref().expect("several nodes");
-        match self.interleave {
-            Some(m) => {
-                let order = if kind == RingKind::Huge { 9 } else { 0 };
-                match crate::nodes::interleave_node(&m, addr, order) {
-                    Some(first) => (n.near(first), true),
-                    None => (&self.order, false),
-                }
-            }
-            None => (&self.order, false),
-        }
-    }
-
-    /// The pool to take pages for `addr` from (ring `kind`), skipping the pools whose bit is
-    /// set in `tried` (found empty by this install already): one node, the pool unless tried;
-    /// several, the first node of the order whose ring has pages, skipping nodes marked full
-    /// in the last second (seed 001), marking those found full, and stopping (`None`: the
-    /// handler makes the pages itself, on the wanted node) at an empty ring whose node still
-    /// has memory.
-    pub(crate) fn pool_for(&self, kind: RingKind, addr: usize, tried: u64) -> Option<Source<'a>> {
-        let shared: &'a Shared = self.shared;
-        let pools = &shared.pools;
-        let Some(n) = shared.numa.as_ref().filter(|_| pools.len() > 1) else {
-            return pools.first().filter(|_| tried & 1 == 0).map(|pool| Source {
-                ix: 0,
-                pool,
-                wanted: None,
-                interleaved: false,
-            });
-        };
-        let (order, interleaved) = self.order_for(kind, addr);
-        let pick = n.zlc.pick(kind, order, |node| {
-            let Some(p) = n.pool_of(node).map(|i| (i, &pools[i])) else {
-                return Avail::Full;
-            };
-            let ring = match kind {
-                RingKind::Small => Some(&p.1.small),
-                RingKind::Huge => p.1.huge.as_ref(),
-            };
-            if tried & tried_bit(p.0) == 0 && ring.is_some_and(|r| r.available() > 0) {
-                Avail::Pages
-            } else if ring.is_some_and(Ring::node_full) {
-                Avail::Full
-            } else {
-                Avail::Empty
-            }
-        });
-        let stats = self.stats();
-        Stats::add(&stats.zlc_skips, u64::from(pick.skipped));
-        Stats::add(&stats.zlc_marks, u64::from(pick.found_empty));
-        let ix = n.pool_of(pick.node?)?;
-        Some(Source {
-            ix,
-            pool: &pools[ix],
-            wanted: order.first().and_then(|&f| n.pool_of(f)),
-            interleaved,
-        })
-    }
-
-    /// The pool of the node this fault wants first (the only pool on one node): the one whose
-    /// scrub is asked to refill, and whose level says how far a window ahead may reach.
-    pub(crate) fn home_pool(&self) -> Option<&'a Pool> {
-        let shared: &'a Shared = self.shared;
-        self.home
-            .and_then(|i| shared.pools.get(i))
-            .or_else(|| shared.pools.first())
-    }
-
-    /// Counts `pages` taken from `src` (several nodes only), as the kernel counts a node's
-    /// allocations.
-    pub(crate) fn count_taken(&self, src: &Source<'a>, pages: u64) {
-        let Some(wanted) = src.wanted.filter(|_| pages > 0) else {
-            return;
-        };
-        let stats = self.stats();
-        let c = &src.pool.counts;
-        if wanted == src.ix {
-            c.hit.fetch_add(pages, Relaxed);
-            Stats::add(&stats.numa_hit, pages);
-            if src.interleaved {
-                c.interleave_hit.fetch_add(pages, Relaxed);
-                Stats::add(&stats.interleave_hit, pages);
-            }
-        } else {
-            c.miss.fetch_add(pages, Relaxed);
-            self.shared.pools[wanted].counts.foreign.fetch_add(pages, Relaxed);
-            Stats::add(&stats.numa_miss, pages);
-        }
-    }
-
-    /// The window this handler is installing is `[first, end)` of range `range` (see
-    /// [`Inflight`]); `None`: none.
-    pub(crate) fn installing(&self, window: Option<(u64, u64, u64)>) {
-        if self.shared.inflight.len() > 1 {
-            let me = &self.shared.inflight[self.index];
-            match window {
-                Some((range, first, end)) => me.set(range, first, end),
-                None => me.clear(),
-            }
-        }
-    }
-
-    /// A fault on a claimed page: while another handler's window in flight covers it and the
-    /// page is not there yet, wait (at most [`INFLIGHT_WAIT`]) for that install, which wakes
-    /// the thread.
-    pub(crate) fn wait_for_other_install(&self, range: u64, page: u64, page_addr: usize) {
-        let others = || {
-            self.shared
-                .inflight
-                .iter()
-                .enumerate()
-                .any(|(i, w)| i != self.index && w.covers(range, page))
-        };
-        if self.shared.inflight.len() < 2 || !others() {
-            return;
-        }
-        Stats::add(&self.stats().faults_in_other_windows, 1);
-        let t0 = Instant::now();
-        let mut spins = 0u32;
-        while others() && !crate::sys::mman::is_resident(page_addr) && t0.elapsed() < INFLIGHT_WAIT {
-            spins += 1;
-            if spins < 64 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(20));
-            }
-        }
-    }
-
-    /// Reads pending messages: events are applied now, faults deferred. Called when an install
-    /// got EAGAIN without progress, i.e. an event is waiting to be read.
-    ///
-    /// `attempt` counts the retries of one install so far (from 1). The kernel keeps refusing
-    /// until the program thread that the event held (its munmap, madvise or mremap) runs again,
-    /// which on a busy machine takes a time slice: the first retries only yield, later ones
-    /// sleep, so that the thread gets the CPU. (Eight retries in a row within microseconds
-    /// gave up on installs while 4 threads unmapped and discarded: the thread faulted on the
-    /// same page again and again, each a miss, and the range was handed back.)
-    pub(crate) fn drain_events(&mut self, attempt: u32) {
-        Stats::add(&self.stats().drained_for_events, 1);
-        let read = if self.shared.handling.len() > 1 {
-            self.read_ordered()
-        } else {
-            self.read_pending()
-        };
-        // Having read an event, retry at once; with nothing to read, the event's thread has
-        // still to run.
-        if read == 0 {
-            if attempt <= 2 {
-                std::thread::yield_now();
-            } else {
-                std::thread::sleep(Duration::from_micros(50 << (attempt - 3).min(4)));
-            }
-        }
-    }
-
-    /// With several handlers: reads messages one at a time, in turn with the others, until an
-    /// event was read and applied (returns 1) or none is pending (0); faults read meanwhile
-    /// are deferred. Events are applied in the order the kernel queued them: each under the
-    /// lock it was read under, so that one handler's REMAP(X to Y) is never applied after
-    /// another's later UNMAP(Y).
-    pub(crate) fn read_ordered(&mut self) -> usize {
-        let outer = self.seq;
-        let mut buf = [Msg::Fork; 1];
-        let events = loop {
-            let order = self.shared.event_order.lock().unwrap_or_else(|e| e.into_inner());
-            self.seq = self.shared.ranges.seq();
-            match self.k.read(&mut buf) {
-                Ok(1) => match buf[0] {
-                    f @ Msg::PageFault { .. } => self.deferred.push_back(f),
-                    e => {
-                        self.handle(e);
-                        drop(order);
-                        break 1;
-                    }
-                },
-                Ok(_) => break 0,
-                Err(e) => {
-                    self.note_errno(e);
-                    break 0;
-                }
-            }
-        };
-        self.seq = outer;
-        events
-    }
-
-    /// Reads the pending messages without blocking: events are applied now, faults deferred
-    /// (handled next). Returns how many were read.
-    pub(crate) fn read_pending(&mut self) -> usize {
-        let mut buf = [Msg::Fork; BATCH];
-        // The events read here are applied as of now; the rest of a batch read earlier (the
-        // caller may be in the middle of one) keeps the older mark, or its unmaps would cut
-        // ranges registered since.
-        let outer = std::mem::replace(&mut self.seq, self.shared.ranges.seq());
-        let n = match self.k.read(&mut buf) {
-            Ok(n) => n,
-            Err(e) => {
-                self.note_errno(e);
-                0
-            }
-        };
-        for &m in &buf[..n] {
-            match m {
-                f @ Msg::PageFault { .. } => self.deferred.push_back(f),
-                e => self.handle(e),
-            }
-        }
-        self.seq = outer;
-        n
-    }
-
     /// A sequential writer is proven: keep the pool between its watermarks from now on. Random
     /// or read-only faults never start the scrub thread, so a program that does not stream
     /// through fresh memory pays for no pool at all.
@@ -852,41 +518,4 @@ pub(crate) fn benign(e: Errno) -> bool {
             | libc::ENOMEM
             | libc::EFAULT
     )
-}
-
-/// Loom model of a handler's window in flight (`RUSTFLAGS="--cfg loom"`, see `.ci/run`): one
-/// handler moves on to its next window while another reads it.
-#[cfg(all(test, loom))]
-mod loom_tests {
-    use super::Inflight;
-    use loom::sync::Arc;
-    use loom::thread;
-
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
-    }
-
-    #[test]
-    fn loom_a_reader_that_sees_a_range_id_sees_its_bounds_or_later_ones() {
-        model(|| {
-            let w = Arc::new(Inflight::default());
-            w.set(1, 0, 10);
-            let installer = {
-                let w = w.clone();
-                thread::spawn(move || {
-                    w.set(2, 100, 110);
-                    w.clear();
-                })
-            };
-            // Page 5 is in range 1's window, never in range 2's: range 2 with the bounds of 1
-            // would make a fault wait for an install that nobody makes.
-            // (The other way, range 1 with 2's bounds, is the documented torn read: safe.)
-            let mixed = w.covers(2, 5);
-            installer.join().unwrap();
-            assert!(!mixed, "range 2 seen with the bounds of range 1");
-            assert!(!w.covers(2, 105) && !w.covers(1, 5), "cleared: covers nothing");
-        });
-    }
 }

@@ -1,6 +1,6 @@
 //! Locating a fault: its range, whether its page is claimed already, its window, and the claim.
 
-use super::handler::EVENT_RETRIES;
+use super::events::EVENT_RETRIES;
 use super::{Handler, Kernel};
 use crate::fault::window::{Fault, Outcome, Window};
 use crate::memory::region::Range;

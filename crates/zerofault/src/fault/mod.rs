@@ -37,18 +37,21 @@
 //! (`tests.rs`) without a real userfaultfd.
 
 mod ahead;
+mod events;
 pub(crate) mod grow;
 pub(crate) mod handback;
 mod handler;
 pub(crate) mod huge;
 mod install;
 mod locate;
+mod numa;
 mod reads;
 #[cfg(test)]
 mod tests;
 pub(crate) mod window;
 
-pub(crate) use handler::{run, Handler, Inflight, EVENT_RETRIES};
+pub(crate) use events::{Inflight, EVENT_RETRIES};
+pub(crate) use handler::{run, Handler};
 
 pub(crate) use crate::sys::mman::PageState;
 use crate::sys::raw::Errno;

@@ -317,7 +317,11 @@ impl Ring {
     /// still holds a page (given back after the producer came round it: see
     /// `RingIndex::untake`) holds a zero page: `fill` may count it as filled. Returns the
     /// pages published; 0 when the ring is full.
-    pub(crate) fn fill_with<E>(&self, max_pages: u64, fill: impl FnOnce(usize, u64) -> Result<u64, E>) -> Result<u64, E> {
+    pub(crate) fn fill_with<E>(
+        &self,
+        max_pages: u64,
+        fill: impl FnOnce(usize, u64) -> Result<u64, E>,
+    ) -> Result<u64, E> {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
         let Some((t, n)) = self.index.fill_begin(max_pages.min(FILL_CHUNK_PAGES)) else {
             return Ok(0);
