@@ -98,7 +98,7 @@ pub(crate) struct Shared {
     /// How many pages the pools may hold ([`crate::pool::budget`]).
     pub(crate) budget: crate::pool::budget::Budget,
     /// Lending starved ranges to the kernel, and taking them back ([`crate::fault::handback`]).
-    pub(crate) lending: crate::fault::handback::Lending,
+    pub(crate) lending: crate::fault::lend::Lending,
     /// The descriptor's number and identity, for a forked child to close its copy without the
     /// lock around it (see [`Engine::close_after_fork`]).
     pub(crate) uffd_identity: Option<FdIdentity>,
@@ -129,7 +129,7 @@ pub(crate) struct SharedParts {
     /// Handler threads: a doorbell, a `handling` bracket and an `inflight` window each.
     pub(crate) handlers: usize,
     pub(crate) uffd_identity: Option<FdIdentity>,
-    pub(crate) lending: crate::fault::handback::Lending,
+    pub(crate) lending: crate::fault::lend::Lending,
     pub(crate) budget: crate::pool::budget::Budget,
     pub(crate) numa: Option<crate::nodes::Nodes>,
     pub(crate) opts: Options,
@@ -381,7 +381,7 @@ impl Shared {
             handlers: 1,
             uffd_identity: None,
             // As on this project's machine: one handler and one scrub on two CPUs.
-            lending: crate::fault::handback::Lending::new(opts.lend_at(2, 2)),
+            lending: crate::fault::lend::Lending::new(opts.lend_at(2, 2)),
             budget: crate::pool::budget::Budget::new(opts.pool_max, None),
             numa: None,
             opts,

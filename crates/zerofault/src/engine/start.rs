@@ -223,7 +223,7 @@ impl Engine {
             doorbell,
             handlers,
             uffd_identity: Some(identity),
-            lending: crate::fault::handback::Lending::new(lend_at),
+            lending: crate::fault::lend::Lending::new(lend_at),
             budget: crate::pool::budget::Budget::new(opts.pool_max, cgroup),
             numa,
             opts,

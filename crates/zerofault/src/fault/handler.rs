@@ -191,7 +191,7 @@ impl Idle {
             }
         }
         let timeout = match self.timeout {
-            None if shared.lending.any() => Some(crate::fault::handback::RETAKE_AFTER),
+            None if shared.lending.any() => Some(crate::fault::lend::RETAKE_AFTER),
             t => t,
         };
         uffd.wait(timeout).is_ok() && uffd.still_ours()

@@ -43,6 +43,7 @@ pub(crate) mod handback;
 mod handler;
 pub(crate) mod huge;
 mod install;
+pub(crate) mod lend;
 mod locate;
 mod numa;
 mod reads;

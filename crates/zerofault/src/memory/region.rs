@@ -49,7 +49,7 @@ pub(crate) struct Range {
     /// Loans to the kernel this memory came back from (each next loan lasts twice as long).
     pub(crate) loans: AtomicU32,
     /// Write windows of a PMD or more in a row that the huge ring could not fill
-    /// ([`crate::fault::handback::Lending::starved`]).
+    /// ([`crate::fault::lend::Lending::starved`]).
     pub(crate) starved: AtomicU32,
     /// Whether the program writes what it reads here (`fault/reads.rs`).
     pub(crate) reads: Mutex<Reads>,
