@@ -91,18 +91,24 @@
 //! whole huge page into each PMD of the window, from the PMD of the fault on.
 //!
 //! ## Where things are
-//! - [`Engine`], failing open, fork: `engine.rs`; the state its threads, handle and regions
-//!   share, and its one constructor: `state.rs`. The layout and its rules: docs/DESIGN.md,
+//! - [`Engine`] (`engine/`): its API (`mod.rs`), its start (`start.rs`: userfaultfd, doorbells,
+//!   pools, staging areas, threads), the program's life-cycle calls (`life.rs`: fork,
+//!   `mlockall`, pause and resume around the calls that change the process's rights, exit,
+//!   drop, failing open) and its errors, one type per operation (`error.rs`: [`StartError`],
+//!   [`MapError`], [`RecycleError`]). The state its threads, handle and regions share, and
+//!   its one constructor: `state.rs`. The layout and its rules: docs/DESIGN.md,
 //!   "The engine's layout" (`.ci/layout` checks them).
 //! - The life of a fault (`fault/`): the handler threads' loop and dispatch, and what they
-//!   share (`fault/handler.rs`; the protocol between them: docs/SCALING.md), locating a fault: range, claim, window (`fault/locate.rs`), and the
+//!   share (`fault/handler.rs`; the protocol between them: docs/SCALING.md), the events read
+//!   in order and the windows in flight (`fault/events.rs`), the node a fault's pages come
+//!   from (`fault/numa.rs`), locating a fault: range, claim, window (`fault/locate.rs`), and the
 //!   install verbs `fill_move`, `fill_copy`, `fill_zeropage` (`fault/install.rs`), windows
 //!   ahead (`fault/ahead.rs`), reads before writes (`fault/reads.rs`), behind the `Kernel`
 //!   seam the unit tests fake (`fault/tests.rs`). A block the shim grows in small steps is
 //!   filled in the call that grew it (`fault/grow.rs`, [`Engine::fill_grown`]).
 //! - Whole-PMD placement and the staging area: `fault/huge.rs`. The prefault window (the
-//!   predictor): `fault/window.rs`. Giving random access back, and lending starved ranges to
-//!   the kernel: `fault/handback.rs`.
+//!   predictor): `fault/window.rs`. Giving random access back to the kernel:
+//!   `fault/handback.rs`; lending starved ranges to it: `fault/lend.rs`.
 //! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
 //!   may hold a page table, the program's huge-page and access advice) and the registered
 //!   ranges (`region.rs`).
@@ -114,7 +120,8 @@
 //!   `methods.rs`, timed by `zerofault bench-zero`; Intel DSA's memory fill through a work
 //!   queue, `dsa.rs`, run only against a fake).
 //! - NUMA nodes: which node's pool a fault takes from, in the kernel's order, and the zonelist
-//!   cache of nodes found full (`memory/nodes.rs`; the system calls in `sys/numa.rs`).
+//!   cache of nodes found full (`memory/nodes.rs`; a handler's use of it, `fault/numa.rs`; the
+//!   system calls in `sys/numa.rs`).
 //! - Sharing the machine with this user's other processes under the shim (`pool/machine.rs`: at
 //!   most `cpus - 1` scrubs stepping, handlers polling only beside a free CPU; its file,
 //!   checked before it is trusted, in `sys/machine.rs`).
@@ -128,13 +135,13 @@
 //!   | thread | runs | may sleep |
 //!   |---|---|---|
 //!   | a program thread, in a shim hook or an API call | `Engine::map`, `adopt`, `adopt_grown`, `release`, `recycle` (`pool/recycle.rs`), `fill_grown` (`fault/grow.rs`), `fill_page`, `set_huge`, `pause`/`resume`, `stats` | on the registration lock and ring locks; never on a handler or a scrub |
-//!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `fault/window.rs`, `fault/handback.rs` (give back, lend, take back), `fault/huge.rs` (staging), `memory/nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
+//!   | a handler (`zerofault-fault`) | `fault/` (read, locate, install, ahead, reads), `fault/window.rs`, `fault/handback.rs` (give back), `fault/lend.rs` (lend, take back), `fault/events.rs`, `fault/numa.rs`, `fault/huge.rs` (staging), `memory/nodes.rs` (choosing) | in its wait and its poll; on the predictor and event-order locks |
 //!   | a scrub (`zerofault-scrub`), one per pool | `pool/`: `scrub.rs` (refill, zero the dirty rings, purge, shrink), `budget.rs` (the first scrub), `mod.rs` (`fill_step`), `zero/` | between steps, resting, waiting for the program to be quiet |
 //!
 //!   Each entry point's `# Context` paragraph says which of these runs it and what it locks.
 //! - Checking: `sync.rs` switches the lock-free parts' atomics to loom's under `cfg(loom)`,
-//!   and `loom_tests` in `pool/ring.rs`, `memory/pagemap.rs`, `pool/dirty.rs`, `fault/handback.rs` and
-//!   `fault/handler.rs` model the ring, the page map, the dirty ring, the recent-faulters
+//!   and `loom_tests` in `pool/ring.rs`, `memory/pagemap.rs`, `pool/dirty.rs`, `fault/lend.rs` and
+//!   `fault/events.rs` model the ring, the page map, the dirty ring, the recent-faulters
 //!   table and the windows in flight; debug builds check the ring's and the range table's
 //!   invariants (`is_valid`) after each change; `testing.rs` holds what the unit tests share.
 
