@@ -362,11 +362,11 @@ impl Engine {
     }
 
     /// Whether a new mapping of the program's is better left to the kernel: the last
-    /// [`SPARSE_BACKOFF`] ranges were each found sparse and given back to their end
+    /// `SPARSE_BACKOFF` ranges were each found sparse and given back to their end
     /// (a program that maps, touches one page in 16 and unmaps, in a loop, paid a
     /// registration, two round trips and a hand-back a mapping, well over the kernel's cost:
     /// docs/DESIGN.md, "Sparse streams"). Now and then
-    /// one is taken all the same, to look again: after [`SPARSE_BACKOFF`] left alone, then
+    /// one is taken all the same, to look again: after `SPARSE_BACKOFF` left alone, then
     /// twice as many each time that one is sparse too, up to 64; dense evidence anywhere ends
     /// the backoff. A mapping next to served memory is always taken (see the shim's mmap
     /// hook), and so is one of 64 MiB or more.

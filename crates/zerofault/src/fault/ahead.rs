@@ -41,6 +41,11 @@ use std::sync::atomic::Ordering::Relaxed;
 impl<K: Kernel> Handler<'_, K> {
     /// `ahead=wake`: installs the window ahead `[first, end)` (pages of `range`, whole PMDs)
     /// after the fault that asked for it was answered; returns where it stopped (`end`: all).
+    ///
+    /// # Context
+    /// A handler, with the fault's window or right after waking the thread (`ahead=wake`). ts
+    /// ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on page
+    /// allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn install_ahead(&mut self, range: &Range, first: u64, end: u64, write: bool) -> u64 {
         Stats::add(&self.stats().ahead_windows, 1);
         let mapping_end = self.mapping_end();
@@ -111,6 +116,9 @@ impl<K: Kernel> Handler<'_, K> {
 
     /// Pages a window ahead may take at once (`ahead=fault`): the ready huge pages (the ready
     /// 4 KiB pages without a huge ring), none without a pool to move from.
+    ///
+    /// # Context
+    /// A handler; atomics only, never sleeps.
     pub(crate) fn ready_pages(&self) -> u64 {
         let Some(pool) = self.home_pool().filter(|_| self.can_move) else {
             return 0;

@@ -35,12 +35,16 @@ pub(crate) struct Inflight {
 pub(crate) const INFLIGHT_WAIT: Duration = Duration::from_millis(50);
 
 impl Inflight {
+    /// # Context
+    /// The handler that owns this slot; atomics only.
     pub(crate) fn set(&self, range: u64, first: u64, end: u64) {
         self.first.store(first, Relaxed);
         self.end.store(end, Relaxed);
         self.range.store(range, Release);
     }
 
+    /// # Context
+    /// The handler that owns this slot; atomics only.
     pub(crate) fn clear(&self) {
         self.range.store(0, Release);
     }
@@ -53,6 +57,9 @@ impl Inflight {
 impl<'a, K: Kernel> Handler<'a, K> {
     /// The window this handler is installing is `[first, end)` of range `range` (see
     /// [`Inflight`]); `None`: none.
+    ///
+    /// # Context
+    /// A handler, before and after it installs a window; atomics only.
     pub(crate) fn installing(&self, window: Option<(u64, u64, u64)>) {
         if self.shared.inflight.len() > 1 {
             let me = &self.shared.inflight[self.index];
@@ -66,6 +73,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// A fault on a claimed page: while another handler's window in flight covers it and the
     /// page is not there yet, wait (at most [`INFLIGHT_WAIT`]) for that install, which wakes
     /// the thread.
+    ///
+    /// # Context
+    /// A handler; yields, for at most [`INFLIGHT_WAIT`], while another handler installs the window
+    /// holding the page.
     pub(crate) fn wait_for_other_install(&self, range: u64, page: u64, page_addr: usize) {
         let others = || {
             self.shared
@@ -99,6 +110,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// sleep, so that the thread gets the CPU. (Eight retries in a row within microseconds
     /// gave up on installs while 4 threads unmapped and discarded: the thread faulted on the
     /// same page again and again, each a miss, and the range was handed back.)
+    ///
+    /// # Context
+    /// A handler, after an install met `EAGAIN`; reads the messages pending on the userfaultfd
+    /// (never blocks for more) and handles the events among them.
     pub(crate) fn drain_events(&mut self, attempt: u32) {
         Stats::add(&self.stats().drained_for_events, 1);
         let read = if self.shared.handling.len() > 1 {
@@ -122,6 +137,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// are deferred. Events are applied in the order the kernel queued them: each under the
     /// lock it was read under, so that one handler's REMAP(X to Y) is never applied after
     /// another's later UNMAP(Y).
+    ///
+    /// # Context
+    /// A handler; a non-blocking read of the userfaultfd.
     pub(crate) fn read_ordered(&mut self) -> usize {
         let outer = self.seq;
         let mut buf = [Msg::Fork; 1];
@@ -150,6 +168,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
 
     /// Reads the pending messages without blocking: events are applied now, faults deferred
     /// (handled next). Returns how many were read.
+    ///
+    /// # Context
+    /// A handler; a non-blocking read of the userfaultfd.
     pub(crate) fn read_pending(&mut self) -> usize {
         let mut buf = [Msg::Fork; BATCH];
         // The events read here are applied as of now; the rest of a batch read earlier (the

@@ -25,6 +25,9 @@ use crate::Shared;
 /// growth holds (the windows give whole PMDs huge pages, and a vector that doubled writes its
 /// new half over time), else at its end: a step that crosses a PMD boundary is filled on
 /// both sides of it.
+///
+/// # Context
+/// A program thread, inside a hook; arithmetic only.
 pub(crate) fn fill_end(addr: usize, len: usize) -> usize {
     let end = addr.saturating_add(len);
     let whole = addr.next_multiple_of(PMD_SIZE);

@@ -72,6 +72,9 @@ impl MissRun {
     /// Records the outcome of thread `tid`'s fault on `page`. After `limit` misses in a row
     /// (limit 0: never), or half as many scattered ones, returns the run and starts counting
     /// afresh.
+    ///
+    /// # Context
+    /// A handler, under the range's `misses` lock.
     pub(crate) fn record(&mut self, outcome: Outcome, page: u64, limit: u64, tid: u32) -> Option<Misses> {
         match outcome {
             Outcome::Hit | Outcome::Probe => self.count = 0,
@@ -109,6 +112,9 @@ impl MissRun {
 /// one a huge page would make anyway), and to the whole range when they spanned half of it or
 /// more (misses spread over a whole region mean the region is random: handing back a part
 /// would only make the next misses fall outside it).
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn handback_span(lo: u64, hi: u64, pages: u64, phase: u64) -> (u64, u64) {
     if (hi - lo + 1) * 2 >= pages {
         return (0, pages);
@@ -139,6 +145,9 @@ impl<K: Kernel> Handler<'_, K> {
     /// pieces) for misses at least [`SPARSE_PAGES_PER_MISS`] apart on average gives back the
     /// whole range: one page touched per GiB of a 16 TiB reservation would otherwise cost a
     /// round trip per page for ever. Returns the span, in pages of `range`.
+    ///
+    /// # Context
+    /// A handler. Takes the registration lock; the unregister ioctl may sleep on the mmap lock.
     pub(crate) fn hand_back(&mut self, range: &Arc<Range>, misses: Misses) -> Option<(u64, u64)> {
         let Misses {
             lo,
@@ -169,6 +178,9 @@ impl<K: Kernel> Handler<'_, K> {
     /// Not the whole range: a shim arena holds many blocks, and the stream's own ends nobody
     /// knows where. A stream that goes on past the span starts afresh in the range left over,
     /// and is found sparse again within three to six faults.
+    ///
+    /// # Context
+    /// A handler. Takes the registration lock; the unregister ioctl may sleep on the mmap lock.
     pub(crate) fn hand_back_sparse(&mut self, range: &Arc<Range>, page: u64, stride: i64) -> bool {
         let reach = SPARSE_REACH.max(stride.unsigned_abs().saturating_mul(SPARSE_STRIDES));
         let (lo, hi) = if stride >= 0 {
@@ -229,8 +241,8 @@ impl<K: Kernel> Handler<'_, K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sys::mman;
     use crate::fault::window::{Predictor, Tuning};
+    use crate::sys::mman;
     use crate::testing::Lcg;
 
     const T: Tuning = crate::testing::TUNING;

@@ -47,6 +47,11 @@ impl Drop for FailOpen<'_> {
 const FAILED_POLL: Duration = Duration::from_millis(50);
 
 /// The body of handler thread `index` (of `Options::handler_count`).
+///
+/// # Context
+/// The handler thread, for its whole life (spawned by `Engine::start` or `Engine::resume`, every
+/// signal blocked). Holds a read guard on the descriptor while it serves; sleeps in `poll(2)` when
+/// idle, and on the event-order lock.
 pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     shared.live_handlers.fetch_add(1, AcqRel);
     // A fault waits for this thread to wake: on a busy CPU, not a slice behind the thread
@@ -346,12 +351,18 @@ pub(crate) struct Handler<'a, K: Kernel> {
 
 impl<'a, K: Kernel> Handler<'a, K> {
     /// The first handler (the tests' only one).
+    ///
+    /// # Context
+    /// A handler at its start, or a unit test.
     #[cfg(test)]
     pub(crate) fn new(shared: &'a Shared, k: &'a K) -> Handler<'a, K> {
         Handler::nth(shared, k, 0)
     }
 
     /// Handler `index`.
+    ///
+    /// # Context
+    /// A handler at its start.
     pub(crate) fn nth(shared: &'a Shared, k: &'a K, index: usize) -> Handler<'a, K> {
         let opts = &shared.opts;
         let can_move = opts.pool && !shared.pools.is_empty() && shared.features.has(crate::Features::MOVE);
@@ -402,6 +413,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
     }
 
+    /// # Context
+    /// A handler; no lock.
     pub(crate) fn stats(&self) -> &'a Stats {
         &self.shared.stats
     }
@@ -409,6 +422,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// Checks an ioctl's errno: the ones an install can meet in a healthy engine (see
     /// [`benign`]) are the caller's to handle; any other stops the handler, which then fails
     /// open: closing the userfaultfd wakes every blocked fault, and the kernel serves them.
+    ///
+    /// # Context
+    /// A handler; no lock.
     pub(crate) fn note_errno(&mut self, e: Errno) {
         if !benign(e) && self.fatal.is_none() {
             self.fatal = Some(e);
@@ -416,6 +432,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     }
 
     /// [`Self::note_errno`] for an install's progress, passed through.
+    ///
+    /// # Context
+    /// A handler; no lock.
     pub(crate) fn note(&mut self, p: Progress) -> Progress {
         if let Some(e) = p.errno {
             self.note_errno(e);
@@ -425,6 +444,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
 
     /// Wakes the thread faulting at `page_addr`. A wake cannot fail in a healthy engine: if it
     /// does, the thread would sleep for ever, so the handler fails open.
+    ///
+    /// # Context
+    /// A handler; the wake ioctl, which does not sleep.
     pub(crate) fn wake(&mut self, page_addr: usize) {
         if let Err(e) = self.k.wake(page_addr, PAGE_SIZE) {
             self.fatal.get_or_insert(e);
@@ -433,6 +455,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
 
     /// [`Self::handle`] inside this handler's `handling` bracket, which
     /// [`crate::Engine::stats`] waits on.
+    ///
+    /// # Context
+    /// A handler, for each message read; brackets it in the handler's `handling` count.
     pub(crate) fn handle_counted(&mut self, m: Msg) {
         let bracket = &self.shared.handling[self.index];
         bracket.fetch_add(1, SeqCst);
@@ -440,6 +465,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
         bracket.fetch_add(1, SeqCst);
     }
 
+    /// # Context
+    /// A handler, for each message read; takes the event-order lock for events.
     pub(crate) fn handle(&mut self, m: Msg) {
         if self.fatal.is_some() {
             return; // failing open: the kernel answers everything from here
@@ -474,6 +501,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// The program's memory takes huge pages (a window has whole PMDs for them, or a stream
     /// wants windows ahead): from now on the scrub fills the huge ring too
     /// (`Shared::huge_wanted`), and is asked to at once.
+    ///
+    /// # Context
+    /// A handler; atomics only.
     pub(crate) fn want_huge(&self) {
         if self.shared.huge_wanted.load(Relaxed) {
             return;
@@ -484,6 +514,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
         }
     }
 
+    /// # Context
+    /// A handler; atomics only, and a kick of the scrub.
     pub(crate) fn want_pool(&self) {
         let Some(pool) = self.home_pool() else { return };
         if self.shared.pool_paused.load(Relaxed) {
@@ -505,6 +537,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
 /// fork (EBUSY), the process exiting (ESRCH, EINTR), memory short (ENOMEM), a source it cannot
 /// move (EFAULT). Anything else (EPERM from a seccomp filter, EBADF, ENOTTY, ...) means the
 /// descriptor is no longer usable as ours.
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn benign(e: Errno) -> bool {
     matches!(
         e.0,

@@ -36,6 +36,10 @@ impl<K: Kernel> Handler<'_, K> {
     /// Whole PMDs `[dst, dst + len)` whose table bits are clear: huge pages moved from the huge
     /// ring, or made by this thread when the ring is empty. Anything irregular (a page already
     /// there, a refused move, no huge page to be had) marks the PMDs and ends in 4 KiB pages.
+    ///
+    /// # Context
+    /// A handler. Takes huge-ring slots lock-free; populating its staging area and the move may
+    /// sleep (page allocation, the mmap lock).
     pub(crate) fn install_huge(&mut self, dst: usize, len: usize, range: &Range) -> Filled {
         self.want_huge();
         // With a pool per node, from the huge rings `pool_for` picks as they run dry; under an

@@ -23,6 +23,10 @@ impl<K: Kernel> Handler<'_, K> {
     ///
     /// Returns the first page from the fault on that a stop left out (its thread faults there
     /// next), if any.
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn install_window(&mut self, range: &Range, page_addr: usize, w: Located) -> Option<u64> {
         self.fault_page = page_addr;
         let mut runs = std::mem::take(&mut self.runs);
@@ -128,6 +132,10 @@ impl<K: Kernel> Handler<'_, K> {
     }
 
     /// Serves one page outside the window logic (already-claimed or unknown pages) and wakes it.
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn install_one(&mut self, page_addr: usize, write: bool) {
         self.fault_page = page_addr;
         let filled = if write {
@@ -159,12 +167,18 @@ impl<K: Kernel> Handler<'_, K> {
     /// Read from /proc/self/maps once and kept until a page falls outside it or an event
     /// (munmap, mremap, a discard) may have changed the mappings; an `mprotect` makes no
     /// event, so a kept end can be stale until then.
+    ///
+    /// # Context
+    /// A handler; may read /proc/self/maps (through the `Kernel` seam), takes no lock.
     pub(crate) fn mapping_end(&mut self) -> usize {
         self.mapping_around(self.fault_page).map_or(usize::MAX, |(_, hi)| hi)
     }
 
     /// The run of mappings that are not `PROT_NONE` holding `a`, as `[lo, hi)` (`None` if
     /// unknown), cached as [`Self::mapping_end`] says.
+    ///
+    /// # Context
+    /// A handler; may read /proc/self/maps (through the `Kernel` seam), takes no lock.
     pub(crate) fn mapping_around(&mut self, a: usize) -> Option<(usize, usize)> {
         // Before the table is read: an event after this load moves `events` on and makes the
         // next call read again.
@@ -184,6 +198,10 @@ impl<K: Kernel> Handler<'_, K> {
     /// skipping present pages. `op` returns the ioctl's progress, or a stop of its own;
     /// `on_enoent` is asked what to do on ENOENT (true: a source page was a hole and was
     /// skipped, retry).
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn install_loop(
         &mut self,
         len: usize,
@@ -242,6 +260,10 @@ impl<K: Kernel> Handler<'_, K> {
     /// splits the huge page moved into it next (most of a millisecond). If a piece stops, the whole span is
     /// reported stopped at its start: pages already installed only leave stale bits behind,
     /// which cost an EEXIST later, never a hang.
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn install_write(&mut self, dst: usize, len: usize, range: Option<&Range>) -> Filled {
         if self.shared.pool_paused.load(Relaxed) {
             if let Some(r) = range {
@@ -290,6 +312,10 @@ impl<K: Kernel> Handler<'_, K> {
     /// 4 KiB pages: moved from the small ring while it has pages, else copied. With a pool per
     /// node, from the rings [`Handler::pool_for`] picks, one after the other as they run dry;
     /// under an interleave policy one page at a time, each from its own node's ring.
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn install_small(&mut self, dst: usize, len: usize) -> Filled {
         if !self.can_move {
             return self.fill_copy(dst, len, None);
@@ -353,6 +379,10 @@ impl<K: Kernel> Handler<'_, K> {
     /// Moves ready pages of `ring` into `[dst, dst + len)`, one ioctl per contiguous run, until
     /// done or the ring is empty ([`Stop::RingEmpty`]). Also returns whether it went cleanly: no
     /// page found present, no source hole (a huge page moves whole only then).
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn fill_move(&mut self, ring: &Ring, dst: usize, len: usize) -> (Filled, bool) {
         let mut off = 0;
         let mut clean = true;
@@ -420,6 +450,10 @@ impl<K: Kernel> Handler<'_, K> {
 
     /// `UFFDIO_COPY` from the zero source, in chunks of its size. `after`: the stop that sent
     /// this span to copying (`None`: moving was not possible at all), for the stats.
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn fill_copy(&mut self, dst: usize, len: usize, after: Option<Stop>) -> Filled {
         let zero = self.zero.addr();
         let mut copied = 0u64;
@@ -449,6 +483,10 @@ impl<K: Kernel> Handler<'_, K> {
     }
 
     /// `UFFDIO_ZEROPAGE`: the zero page mapped for a read.
+    ///
+    /// # Context
+    /// A handler. Its ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on
+    /// page allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn fill_zeropage(&mut self, dst: usize, len: usize) -> Filled {
         let mut mapped = 0u64;
         let filled = self.install_loop(

@@ -74,6 +74,9 @@ impl Faulters {
     }
 
     /// Thread `tid` faults now.
+    ///
+    /// # Context
+    /// A handler, on each fault; atomics only.
     pub(crate) fn note(&self, tid: u32) {
         self.note_at(tid, self.now());
     }
@@ -100,6 +103,9 @@ impl Faulters {
     }
 
     /// Distinct threads that faulted within the last [`ACTIVE_WITHIN`].
+    ///
+    /// # Context
+    /// A handler; atomics only.
     pub(crate) fn active(&self) -> usize {
         self.active_at(self.now())
     }
@@ -152,6 +158,8 @@ pub(crate) struct Lending {
 }
 
 impl Lending {
+    /// # Context
+    /// The program thread starting the engine.
     pub(crate) fn new(at: Option<usize>) -> Lending {
         Lending {
             faulters: Faulters::default(),
@@ -166,6 +174,9 @@ impl Lending {
     /// whether the range is starved now (its last [`STARVED_WINDOWS`] windows of a PMD or more
     /// were short, with at least the lending threshold of threads faulting). Counted per
     /// range: windows of other ranges, fed or not, say nothing of this one.
+    ///
+    /// # Context
+    /// A handler; atomics and the range's own counters.
     pub(crate) fn starved(&self, range: &Range, window: u64, ready: u64) -> bool {
         self.starved_at(range, window, ready, self.faulters.now())
     }
@@ -184,12 +195,18 @@ impl Lending {
     }
 
     /// Whether any range is on loan.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn any(&self) -> bool {
         self.outstanding.load(Relaxed) > 0
     }
 
     /// The program's huge-page advice for `[a, b)` changed (`Engine::set_huge`): a loan there
     /// gives it back with that advice, not the advice it had when lent.
+    ///
+    /// # Context
+    /// A program thread, in the shim's madvise hook; takes the loans lock.
     pub(crate) fn advise(&self, a: usize, b: usize, on: bool) {
         if !self.any() {
             return;
@@ -240,6 +257,9 @@ impl Lending {
 
     /// The loans of Region `owner` end (it is dropped), counted as not taken back. Called
     /// under `Shared::reg`.
+    ///
+    /// # Context
+    /// A program thread (a Region's drop) or a handler (an UNMAP event); takes the loans lock.
     pub(crate) fn forget(&self, owner: u64, stats: &Stats) {
         let mut loans = self.loans();
         let before = loans.len();
@@ -253,6 +273,9 @@ impl<K: Kernel> Handler<'_, K> {
     /// Whether the kernel makes huge pages fast right now: this handler's last staging
     /// populate, within the last second, took at most `lend_populate_max`. No recent
     /// populate: nothing known, no loan.
+    ///
+    /// # Context
+    /// A handler; no lock.
     pub(crate) fn kernel_makes_huge_pages_fast(&self) -> bool {
         self.last_populate
             .is_some_and(|(at, took)| at.elapsed() <= LEND_POPULATE_WITHIN && took <= self.opts.lend_populate_max)
@@ -271,6 +294,10 @@ impl<K: Kernel> Handler<'_, K> {
     /// (the shim's, the program's own mappings) stays the kernel's, as after a hand-back:
     /// without a Region's lifetime nothing tells whether its addresses still hold the same
     /// mapping (a raw munmap raises no event once unregistered).
+    ///
+    /// # Context
+    /// A handler. Takes the registration lock, then the loans lock; the unregister and the advice
+    /// may sleep on the mmap lock.
     pub(crate) fn lend(&mut self, range: &Arc<Range>, page_addr: usize) -> bool {
         let own_advice = range.own_advice.load(Relaxed);
         if self.stage.is_none() || !(range.pmds.wants_huge(page_addr) || own_advice) {
@@ -367,6 +394,10 @@ impl<K: Kernel> Handler<'_, K> {
 
     /// Ends the loans that are due, once the pool holds half of `scrub_stop` again: the engine
     /// can win there again (see the module doc).
+    ///
+    /// # Context
+    /// A handler, when idle. Takes the loans lock, then the registration lock; registering again
+    /// may sleep on the mmap lock.
     pub(crate) fn retake(&mut self) {
         let shared = self.shared;
         let lending = &shared.lending;
@@ -408,6 +439,10 @@ impl Shared {
     /// now, whatever the pool holds, since recycled pages are the cheapest the engine makes
     /// (a thread that streamed fresh memory starved and then frees and touches it again in
     /// rounds would otherwise lose the recycling to the loan). On the program's thread.
+    ///
+    /// # Context
+    /// A program thread recycling memory (`Engine::recycle`, the shim's free); takes the loans
+    /// lock.
     pub(crate) fn end_loans(&self, addr: usize, end: usize) {
         if !self.lending.any() {
             return;

@@ -30,6 +30,9 @@ pub(crate) struct Located {
 
 impl<K: Kernel> Handler<'_, K> {
     /// One page fault, from its message to the wake.
+    ///
+    /// # Context
+    /// A handler, for each page-fault message (read, or deferred while events were read).
     pub(crate) fn fault(&mut self, addr: usize, write: bool, tid: u32) {
         let page_addr = page_start(addr);
         if self.shared.is_doorbell(page_addr) {

@@ -36,6 +36,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// one, so that the pages the kernel allocates for this fault's installs (copies, a
     /// populate of the staging area) come from there too (the mapping's own policy, when it has
     /// one, still comes first: the kernel applies it). One node: nothing is done.
+    ///
+    /// # Context
+    /// A handler; may ask the kernel for the range's and the thread's policy (`get_mempolicy`); no
+    /// lock.
     pub(crate) fn choose_nodes(&mut self, tid: u32, addr: usize) {
         let Some(n) = self.shared.numa.as_ref() else { return };
         // Reading the thread's CPU (open, read, close of its stat file) costs a good part of a
@@ -73,6 +77,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// Makes `node` this handler thread's preferred node, where it may steer. A node the
     /// kernel refuses (outside the cpuset) leaves the policy as it was; it is asked again on
     /// the next fault that wants it.
+    ///
+    /// # Context
+    /// A handler; sets its own thread's memory policy (`set_mempolicy`).
     pub(crate) fn prefer_node(&mut self, node: Option<u32>) {
         if !self.may_steer || node == self.preferred {
             return;
@@ -108,6 +115,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// in the last second (seed 001), marking those found full, and stopping (`None`: the
     /// handler makes the pages itself, on the wanted node) at an empty ring whose node still
     /// has memory.
+    ///
+    /// # Context
+    /// A handler; atomics only.
     pub(crate) fn pool_for(&self, kind: RingKind, addr: usize, tried: u64) -> Option<Source<'a>> {
         let shared: &'a Shared = self.shared;
         let pools = &shared.pools;
@@ -150,6 +160,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
 
     /// The pool of the node this fault wants first (the only pool on one node): the one whose
     /// scrub is asked to refill, and whose level says how far a window ahead may reach.
+    ///
+    /// # Context
+    /// A handler; atomics only.
     pub(crate) fn home_pool(&self) -> Option<&'a Pool> {
         let shared: &'a Shared = self.shared;
         self.home
@@ -159,6 +172,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
 
     /// Counts `pages` taken from `src` (several nodes only), as the kernel counts a node's
     /// allocations.
+    ///
+    /// # Context
+    /// A handler; atomics only.
     pub(crate) fn count_taken(&self, src: &Source<'a>, pages: u64) {
         let Some(wanted) = src.wanted.filter(|_| pages > 0) else {
             return;

@@ -83,6 +83,9 @@ impl<K: Kernel> Handler<'_, K> {
     /// fault's page. A zero-page window shorter than that samples the fault's page (it maps the
     /// zero page anyway); a window served as a write then has none (the fault's page would be
     /// mapped, and its thread woken, before the window is in).
+    ///
+    /// # Context
+    /// A handler; reads two words of the program's memory, no lock.
     pub(crate) fn read_samples(range: &Range, page_addr: usize, end: u64, as_write: bool) -> [usize; 2] {
         let end_addr = range.addr_of(end).min(pmd_start(page_addr) + PMD_SIZE);
         match () {
@@ -133,6 +136,9 @@ impl<K: Kernel> Handler<'_, K> {
     }
 
     /// Keeps `samples` as thread `tid`'s in `range`, for its next read fault past them.
+    ///
+    /// # Context
+    /// A handler; takes the range's `reads` lock.
     pub(crate) fn keep_samples(range: &Range, samples: [usize; 2], pool: bool, tid: u32) {
         let (first, pages) = match samples {
             [0, 0] => return,

@@ -146,12 +146,17 @@ const _: () = assert!(SPARSE_MISSES as usize == STREAMS + 1);
 const PROBE_MIN_PAGES: u64 = 4;
 
 impl Predictor {
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     #[cfg(test)]
     pub(crate) fn new() -> Predictor {
         Predictor::default()
     }
 
     /// A fault on page `page` of a region whose pages end before `end`: the window to install.
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     #[cfg(test)]
     pub(crate) fn on_fault(&mut self, page: u64, end: u64, t: &Tuning) -> Window {
         self.on_fault_aligned(page, end, None, t)
@@ -159,6 +164,9 @@ impl Predictor {
 
     /// As [`Predictor::on_fault`], probing new streams; `installed` says whether a page was
     /// installed since (by another thread: a probe so filled is no evidence either way).
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     #[cfg(test)]
     pub(crate) fn on_fault_probing(
         &mut self,
@@ -186,6 +194,9 @@ impl Predictor {
     /// us, so that PMD must take 4 KiB pages, and this way it has one left to take, while every
     /// PMD of the window after it is whole and free of tables, ready for a huge page. Without it
     /// a stream that starts off a boundary covers one PMD in four partly, forever.
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     #[cfg(test)]
     pub(crate) fn on_fault_aligned(&mut self, page: u64, end: u64, phase: Option<u64>, t: &Tuning) -> Window {
         let installed = |_| false;
@@ -202,6 +213,9 @@ impl Predictor {
     }
 
     /// The window for fault `f` (see [`Fault`]).
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     pub(crate) fn on_fault_at(&mut self, f: Fault<'_>, t: &Tuning) -> Window {
         let page = f.page;
         debug_assert!(page < f.end);
@@ -415,12 +429,18 @@ pub(crate) struct Fault<'a> {
 impl Predictor {
     /// Faults predicted so far: unchanged between two reads means no fault of this thread was
     /// predicted in between (by another handler).
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     pub(crate) fn clock(&self) -> u64 {
         self.clock
     }
 
     /// The window just returned was installed up to `end` (widened to whole huge pages): the
     /// stream expects its next fault there.
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     pub(crate) fn installed_to(&mut self, end: u64) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
             s.streak += end.saturating_sub(s.next);
@@ -431,6 +451,9 @@ impl Predictor {
     /// The window just returned, and its window ahead, were installed up to exactly `end`
     /// (the head was cut at the fault's PMD, the window ahead may stop early): the stream
     /// expects its next fault there.
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     pub(crate) fn installed_until(&mut self, end: u64) {
         if let Some(s) = self.streams.iter_mut().find(|s| s.live && s.last_use == self.clock) {
             s.streak = (s.streak + end).saturating_sub(s.next);
@@ -506,6 +529,9 @@ pub(crate) struct Entry<'a> {
 
 impl Entry<'_> {
     /// The predictor of the key (new if it had none).
+    ///
+    /// # Context
+    /// A handler, under the predictor shard's lock ([`Predictors::lock`]).
     pub(crate) fn get(&mut self) -> &mut Predictor {
         self.shard.entry(self.key).or_default()
     }
@@ -513,6 +539,10 @@ impl Entry<'_> {
 
 impl Predictors {
     /// Locks the shard of thread `tid` in range `id`; held while a window is predicted.
+    ///
+    /// # Context
+    /// A handler; takes one shard's lock (a handler per shard at a time; never held across an
+    /// ioctl).
     pub(crate) fn lock(&self, id: u64, tid: u32) -> Entry<'_> {
         let mut h = KeyHasher::default();
         h.write_u64(id);

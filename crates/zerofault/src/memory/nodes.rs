@@ -53,6 +53,9 @@ pub(crate) enum Policy {
 impl Policy {
     /// The policy of a `get_mempolicy` answer (mode with its flags masked off); `None` for a
     /// mode this engine does not know (the kernel serves such ranges: see the caller).
+    ///
+    /// # Context
+    /// Any thread; arithmetic only.
     pub(crate) fn from_mode(mode: i32, mask: NodeMask) -> Option<Policy> {
         use crate::sys::numa::*;
         Some(match mode {
@@ -72,6 +75,9 @@ impl Policy {
 /// page). For anonymous memory the mapping's page offset is its address in pages, so the index
 /// is the address's: a mapping moved by `mremap` keeps the offset it had, given as `pgoff`
 /// (the mapping's `vm_pgoff`) with its start.
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn interleave_index(addr: usize, order: u32, vm_start: usize, pgoff: u64) -> u64 {
     (pgoff + ((addr - vm_start) >> 12) as u64) >> order
 }
@@ -81,6 +87,9 @@ pub(crate) fn interleave_index(addr: usize, order: u32, vm_start: usize, pgoff: 
 /// index is the address's ([`interleave_index`] from 0). A mapping moved by `mremap` keeps the
 /// offset of where it was, which the handler does not read (it would take `/proc/self/maps`):
 /// there pool pages alternate from a different start than the kernel's would.
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn interleave_node(mask: &NodeMask, addr: usize, order: u32) -> Option<u32> {
     mask.nth(interleave_index(addr, order, 0, 0) % u64::from(mask.weight().max(1)))
 }
@@ -101,6 +110,9 @@ pub(crate) struct Choice {
 impl Choice {
     /// The order for `policy`, a fault by a thread on node `local`, with interleave index
     /// `ilx` (see [`interleave_index`]; unused by other policies).
+    ///
+    /// # Context
+    /// A handler; arithmetic only.
     pub(crate) fn of(t: &Topology, policy: Policy, local: u32, ilx: u64) -> Choice {
         let nodes = Nodes::new(t.clone(), Policy::Local);
         let near = |from: u32| t.by_distance(from);
@@ -186,6 +198,9 @@ pub(crate) struct ZoneCache<C: Clock = Monotonic> {
 
 impl<C: Clock> ZoneCache<C> {
     /// A cache for node ids below `nodes`.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn new(nodes: usize, clock: C) -> ZoneCache<C> {
         let words = nodes.div_ceil(64).max(1);
         let row = || (0..words).map(|_| AtomicU64::new(0)).collect::<Box<[_]>>();
@@ -215,6 +230,9 @@ impl<C: Clock> ZoneCache<C> {
     }
 
     /// Whether `node`'s ring of `kind` was found empty within the last second.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn is_marked(&self, kind: RingKind, node: u32) -> bool {
         self.maybe_zap();
         self.word(kind, node)
@@ -222,6 +240,9 @@ impl<C: Clock> ZoneCache<C> {
     }
 
     /// Marks `node`'s ring of `kind` empty.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn mark(&self, kind: RingKind, node: u32) {
         if let Some(w) = self.word(kind, node) {
             w.fetch_or(1 << (node % 64), AcqRel);
@@ -279,6 +300,9 @@ pub(crate) struct Nodes {
 
 impl Nodes {
     /// The view of `topology`, with `policy` the starting thread's.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn new(topology: Topology, policy: Policy) -> Nodes {
         let top = topology.nodes.iter().map(|n| n.id as usize + 1).max().unwrap_or(1);
         let mut near = vec![Vec::new(); top];
@@ -305,11 +329,17 @@ impl Nodes {
     }
 
     /// The nodes that get a pool, in pool order.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn pool_nodes(&self) -> impl Iterator<Item = u32> + '_ {
         self.topology.nodes.iter().filter(|n| n.mem_total > 0).map(|n| n.id)
     }
 
     /// The index of node `id`'s pool.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn pool_of(&self, id: u32) -> Option<usize> {
         self.pool_of.get(id as usize).copied().flatten()
     }
@@ -336,6 +366,9 @@ impl Nodes {
     }
 
     /// The nodes with memory nearest to `id` first (empty for an unknown id).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn near(&self, id: u32) -> &[u32] {
         self.near.get(id as usize).map_or(&[], Vec::as_slice)
     }

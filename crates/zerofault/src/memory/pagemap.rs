@@ -151,6 +151,9 @@ fn push_runs(runs: &mut Vec<(u64, u64)>, w: u64, mut new: u64) {
 }
 
 impl PageMap {
+    /// # Context
+    /// The thread registering the range (a program thread, or a handler taking a loan back); maps
+    /// the directory.
     pub(crate) fn new(pages: u64) -> PageMap {
         // Leaves are atomics laid over mapped memory, which loom's atomics are not.
         #[cfg(loom)]
@@ -189,6 +192,8 @@ impl PageMap {
         index(self.pages.div_ceil(LEAF_PAGES)) * LEAF_BYTES
     }
 
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn pages(&self) -> u64 {
         self.pages
     }
@@ -196,6 +201,9 @@ impl PageMap {
     /// Bytes mapped for this map beyond the struct itself: the directory mapping (all of it,
     /// though only the pages holding a leaf's slot are resident) and the leaves made (the
     /// arena's other pages are address space, never touched).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn metadata_bytes(&self) -> usize {
         self.dir_bytes + self.leaves.load(Relaxed) * LEAF_BYTES
     }
@@ -309,6 +317,9 @@ impl PageMap {
     }
 
     /// Whether `page` is claimed.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     #[inline]
     pub(crate) fn is_claimed(&self, page: u64) -> bool {
         if page >= self.pages {
@@ -320,6 +331,10 @@ impl PageMap {
 
     /// Claims every unclaimed page of `[first, first + n)`. Appends to `runs` the maximal runs
     /// `(first_page, pages)` that this call claimed, in ascending order.
+    ///
+    /// # Context
+    /// Any thread; lock-free, one `fetch_or`/`fetch_and` per 64 pages; a leaf is mapped on its
+    /// first claim (an mmap).
     pub(crate) fn claim(&self, first: u64, n: u64, runs: &mut Vec<(u64, u64)>) {
         let (first, end) = self.clip(first, n);
         self.each_chunk(first, end, true, |w0, count, words| match words {
@@ -341,6 +356,9 @@ impl PageMap {
     /// Appends to `runs` the maximal runs `(first_page, pages)` of claimed pages in
     /// `[first, first + n)`, in ascending order (pages recorded nowhere, where no leaf could be
     /// mapped, are not claimed here).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn claimed_runs(&self, first: u64, n: u64, runs: &mut Vec<(u64, u64)>) {
         let (first, end) = self.clip(first, n);
         self.each_chunk(first, end, false, |w0, _, words| {
@@ -351,6 +369,9 @@ impl PageMap {
     }
 
     /// Clears the bits of `[first, first + n)`; returns how many were set.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn clear(&self, first: u64, n: u64) -> u64 {
         let (first, end) = self.clip(first, n);
         let mut cleared = 0;
@@ -368,6 +389,10 @@ impl PageMap {
     }
 
     /// Sets every bit of `[first, first + n)` (pages that are not ours to install).
+    ///
+    /// # Context
+    /// Any thread; lock-free, one `fetch_or`/`fetch_and` per 64 pages; a leaf is mapped on its
+    /// first claim (an mmap).
     pub(crate) fn set(&self, first: u64, n: u64) {
         let (first, end) = self.clip(first, n);
         self.each_chunk(first, end, true, |w0, _, words| {
@@ -378,6 +403,9 @@ impl PageMap {
     }
 
     /// How many pages of `[first, first + n)` are claimed.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn count_range(&self, first: u64, n: u64) -> u64 {
         let (first, end) = self.clip(first, n);
         let mut count = 0;
@@ -390,6 +418,9 @@ impl PageMap {
     }
 
     /// How many pages are claimed.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn count(&self) -> u64 {
         self.count_range(0, self.pages)
     }
@@ -406,6 +437,9 @@ impl PageMap {
     /// A new map of `n` pages whose bits are copied from `[first, first + n)` of this one
     /// (a region split by munmap or moved by mremap). Word by word, skipping absent leaves and
     /// clear words: the new map gets leaves only where this one has bits.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn slice(&self, first: u64, n: u64) -> PageMap {
         let (first, end) = self.clip(first, n);
         let out = PageMap::new(n);

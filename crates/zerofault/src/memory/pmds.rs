@@ -24,6 +24,9 @@ pub(crate) struct PmdMap {
 }
 
 /// PMDs overlapped by `pages` pages from `start`.
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn pmds_overlapped(start: usize, pages: u64) -> u64 {
     let end = start + bytes(pages.max(1));
     ((end - 1) / PMD_SIZE - start / PMD_SIZE + 1) as u64
@@ -31,6 +34,9 @@ pub(crate) fn pmds_overlapped(start: usize, pages: u64) -> u64 {
 
 impl PmdMap {
     /// No table, no advice, for the PMDs of `pages` pages from `start`.
+    ///
+    /// # Context
+    /// The thread registering the range.
     pub(crate) fn new(start: usize, pages: u64) -> PmdMap {
         let n = pmds_overlapped(start, pages);
         PmdMap {
@@ -48,6 +54,9 @@ impl PmdMap {
     }
 
     /// PMDs covered.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     #[cfg(test)]
     pub(crate) fn len(&self) -> u64 {
         self.tables.pages()
@@ -55,6 +64,9 @@ impl PmdMap {
 
     /// The part for a piece of the range starting at `start` of `pages` pages; the huge-page
     /// advice goes along, and the table bits too unless `tables` says otherwise.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn slice(&self, start: usize, pages: u64) -> PmdMap {
         let (first, n) = (self.index(start), pmds_overlapped(start, pages));
         PmdMap {
@@ -68,6 +80,9 @@ impl PmdMap {
 
     /// For pages the kernel moved in (`mremap`): the advice of the piece at `start` of this
     /// map, and a table assumed in every PMD at the destination `to`.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn moved(&self, start: usize, pages: u64, to: usize) -> PmdMap {
         let tables = PageMap::new(pmds_overlapped(to, pages));
         tables.set(0, tables.pages());
@@ -82,6 +97,10 @@ impl PmdMap {
     }
 
     /// Notes that 4 KiB pages went into `[addr, addr + len)`: its PMDs may hold page tables.
+    ///
+    /// # Context
+    /// Any thread; lock-free, one `fetch_or` per 64 PMDs; a leaf of the bit map is mapped on
+    /// its first set bit (an mmap).
     pub(crate) fn mark_tables(&self, addr: usize, len: usize) {
         if len > 0 {
             let (a, b) = (self.index(addr), self.index(addr + len - 1));
@@ -91,6 +110,9 @@ impl PmdMap {
 
     /// The whole PMDs of `[a, b)` hold no page table any more (their pages were discarded
     /// whole on a kernel that frees emptied tables: see `tables`).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn clear_tables(&self, a: usize, b: usize) {
         let (a, b) = (a.next_multiple_of(PMD_SIZE), b / PMD_SIZE * PMD_SIZE);
         if a < b {
@@ -99,16 +121,26 @@ impl PmdMap {
     }
 
     /// Whether the PMD at `addr` may hold a page table.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn has_table(&self, addr: usize) -> bool {
         self.tables.is_claimed(self.index(addr))
     }
 
     /// Whether the program asked for huge pages in the PMD at `addr`.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn wants_huge(&self, addr: usize) -> bool {
         self.huge.is_claimed(self.index(addr))
     }
 
     /// Sets or clears the advice of the whole PMDs `[a, b)` (PMD aligned, `a < b`).
+    ///
+    /// # Context
+    /// Any thread; lock-free, one `fetch_or` per 64 PMDs; a leaf of the bit map is mapped on
+    /// its first set bit (an mmap).
     pub(crate) fn set_huge(&self, a: usize, b: usize, on: bool) {
         let (first, n) = (self.index(a), ((b - a) / PMD_SIZE) as u64);
         if on {
@@ -119,6 +151,10 @@ impl PmdMap {
     }
 
     /// Sets or clears `MADV_NOHUGEPAGE` on every PMD that `[a, b)` (`a < b`) touches.
+    ///
+    /// # Context
+    /// Any thread; lock-free, one `fetch_or` per 64 PMDs; a leaf of the bit map is mapped on
+    /// its first set bit (an mmap).
     pub(crate) fn set_never(&self, a: usize, b: usize, on: bool) {
         let (first, last) = (self.index(a), self.index(b - 1));
         if on {
@@ -129,6 +165,10 @@ impl PmdMap {
     }
 
     /// Sets or clears `MADV_RANDOM` on every PMD that `[a, b)` (`a < b`) touches.
+    ///
+    /// # Context
+    /// Any thread; lock-free, one `fetch_or` per 64 PMDs; a leaf of the bit map is mapped on
+    /// its first set bit (an mmap).
     pub(crate) fn set_random(&self, a: usize, b: usize, on: bool) {
         let (first, last) = (self.index(a), self.index(b - 1));
         if on {
@@ -139,17 +179,26 @@ impl PmdMap {
     }
 
     /// Whether the program advised random access in the PMD at `addr`.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn is_random(&self, addr: usize) -> bool {
         self.random.is_claimed(self.index(addr))
     }
 
     /// Whether the program asked for no huge page in the PMD at `addr`.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn no_huge(&self, addr: usize) -> bool {
         self.never.is_claimed(self.index(addr))
     }
 
     /// Whole PMDs from `at` that may take huge pages: `at` on a PMD boundary, each PMD inside
     /// `len` bytes, holding no table and not advised against huge pages.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn clear_run(&self, at: usize, len: usize) -> usize {
         if at % PMD_SIZE != 0 {
             return 0;
@@ -160,6 +209,9 @@ impl PmdMap {
     }
 
     /// PMDs marked as possibly holding a table.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     #[cfg(test)]
     pub(crate) fn tables_count(&self) -> u64 {
         self.tables.count()
@@ -167,6 +219,9 @@ impl PmdMap {
 
     /// Whether the map covers exactly the PMDs of `pages` pages from `start` (see
     /// [`Range::is_valid`]).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn covers(&self, start: usize, pages: u64) -> bool {
         let n = pmds_overlapped(start, pages);
         self.base == start / PMD_SIZE
@@ -177,6 +232,9 @@ impl PmdMap {
     }
 
     /// Bytes of metadata mapped for the bits.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn metadata_bytes(&self) -> usize {
         self.tables.metadata_bytes()
             + self.huge.metadata_bytes()

@@ -121,6 +121,9 @@ impl Range {
     /// The range's invariants (checked in debug builds after each change of the table, as
     /// mimalloc checks `mi_page_is_valid`): page aligned and not empty, inside the address
     /// space, its page map exactly its pages and its PMD map exactly the PMDs it overlaps.
+    ///
+    /// # Context
+    /// Any thread, in debug checks.
     pub(crate) fn is_valid(&self) -> bool {
         self.start % PAGE_SIZE == 0
             && self.pages > 0
@@ -132,20 +135,30 @@ impl Range {
             && self.pmds.covers(self.start, self.pages)
     }
 
+    /// # Context
+    /// Any thread; arithmetic only.
     pub(crate) fn end(&self) -> usize {
         self.start + bytes(self.pages)
     }
 
     /// Page index of an address inside the range.
+    ///
+    /// # Context
+    /// Any thread; arithmetic only.
     pub(crate) fn page_of(&self, addr: usize) -> u64 {
         pages(addr - self.start)
     }
 
+    /// # Context
+    /// Any thread; arithmetic only.
     pub(crate) fn addr_of(&self, page: u64) -> usize {
         self.start + bytes(page)
     }
 
     /// Sets or clears the `huge` bits of the PMDs inside both the range and `[addr, end)`.
+    ///
+    /// # Context
+    /// A program thread (the madvise hook) or a handler (a lend); atomics only.
     pub(crate) fn set_huge(&self, addr: usize, end: usize, on: bool) {
         let a = addr.max(self.start).next_multiple_of(PMD_SIZE);
         let b = end.min(self.end()) / PMD_SIZE * PMD_SIZE;
@@ -155,6 +168,9 @@ impl Range {
     }
 
     /// Sets or clears `MADV_NOHUGEPAGE` on the PMDs `[addr, end)` touches in the range.
+    ///
+    /// # Context
+    /// A program thread (the madvise hook); atomics only.
     pub(crate) fn set_never(&self, addr: usize, end: usize, on: bool) {
         let (a, b) = (addr.max(self.start), end.min(self.end()));
         if a < b {
@@ -163,6 +179,9 @@ impl Range {
     }
 
     /// Sets or clears `MADV_RANDOM` on the PMDs `[addr, end)` touches in the range.
+    ///
+    /// # Context
+    /// A program thread (the madvise hook); atomics only.
     pub(crate) fn set_random(&self, addr: usize, end: usize, on: bool) {
         let (a, b) = (addr.max(self.start), end.min(self.end()));
         if a < b {
@@ -172,6 +191,9 @@ impl Range {
 
     /// Whether the fault at `addr` came with its PMD empty and may take a huge page: the PMD
     /// wants huge pages and lies wholly inside the range.
+    ///
+    /// # Context
+    /// A handler; atomics only.
     pub(crate) fn huge_fault(&self, addr: usize) -> bool {
         let pmd = addr / PMD_SIZE * PMD_SIZE;
         pmd >= self.start && pmd + PMD_SIZE <= self.end() && self.pmds.wants_huge(addr)
@@ -334,6 +356,9 @@ impl RangeTable {
     }
 
     /// The range containing `addr`.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub(crate) fn find(&self, addr: usize) -> Option<Arc<Range>> {
         let t = self.read();
         let (_, r) = t.by_start.range(..=addr).next_back()?;
@@ -341,21 +366,34 @@ impl RangeTable {
     }
 
     /// The ranges overlapping `[start, end)`, in address order.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub(crate) fn overlapping(&self, start: usize, end: usize) -> Vec<Arc<Range>> {
         self.read().overlapping(start, end, None)
     }
 
     /// Whether a range overlaps `[start, end)`.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub(crate) fn any(&self, start: usize, end: usize) -> bool {
         !self.read().overlapping(start, end, None).is_empty()
     }
 
     /// The current sequence number: note it before reading messages from the kernel.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub(crate) fn seq(&self) -> u64 {
         self.read().seq
     }
 
     /// Adds `[start, start + pages)`, replacing whatever stale ranges overlapped it.
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
         let mut t = self.write();
         let end = start + bytes(pages);
@@ -368,6 +406,10 @@ impl RangeTable {
     /// UFFD_EVENT_REMOVE: the kernel dropped the pages of `[start, end)`. Returns page states
     /// cleared. A PMD the span cuts through (not whole) may hold a page table from now on: a
     /// huge page there was split.
+    ///
+    /// # Context
+    /// A handler (a REMOVE event) or a program thread (a release); takes the range table's read
+    /// lock.
     pub(crate) fn forget(&self, start: usize, end: usize, upto: u64) -> u64 {
         let t = self.read();
         t.overlapping(start, end, Some(upto))
@@ -387,6 +429,10 @@ impl RangeTable {
     }
 
     /// The program's huge-page advice for `[start, end)` (see [`Range::huge`]).
+    ///
+    /// # Context
+    /// A program thread (the madvise hook) or a handler (a lend); takes the range table's read
+    /// lock.
     pub(crate) fn set_huge(&self, start: usize, end: usize, on: bool) {
         for r in self.read().overlapping(start, end, None) {
             r.set_huge(start, end, on);
@@ -394,6 +440,9 @@ impl RangeTable {
     }
 
     /// See [`Range::set_never`].
+    ///
+    /// # Context
+    /// A program thread (the madvise hook); takes the range table's read lock.
     pub(crate) fn set_never(&self, start: usize, end: usize, on: bool) {
         for r in self.read().overlapping(start, end, None) {
             r.set_never(start, end, on);
@@ -401,6 +450,9 @@ impl RangeTable {
     }
 
     /// See [`Range::set_random`].
+    ///
+    /// # Context
+    /// A program thread (the madvise hook); takes the range table's read lock.
     pub(crate) fn set_random(&self, start: usize, end: usize, on: bool) {
         for r in self.read().overlapping(start, end, None) {
             r.set_random(start, end, on);
@@ -409,6 +461,10 @@ impl RangeTable {
 
     /// `[start, end)` is no longer registered (handed back to the kernel): cut from every range.
     /// What belonged to a Region is remembered, for its drop to unmap.
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn drop_span(&self, start: usize, end: usize) {
         let mut t = self.write();
         let (_, pieces) = t.cut(start, end, None);
@@ -421,6 +477,10 @@ impl RangeTable {
     }
 
     /// UFFD_EVENT_UNMAP: `[start, end)` is gone. Returns page states cleared.
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn unmap(&self, start: usize, end: usize, upto: u64) -> u64 {
         let mut t = self.write();
         // A span that left the table inside the call went with it: a Region's drop must not
@@ -436,6 +496,10 @@ impl RangeTable {
 
     /// UFFD_EVENT_REMAP: `len` bytes moved from `from` to `to`, page tables and registration
     /// with them. The destination becomes a range of its own, owned by nobody.
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn remap(&self, from: usize, to: usize, len: usize, upto: u64) {
         let mut t = self.write();
         t.trim_left(from, from + len);
@@ -452,6 +516,10 @@ impl RangeTable {
     }
 
     /// Removes one range (a registration that failed).
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn remove(&self, r: &Arc<Range>) {
         let mut t = self.write();
         if t.by_start.get(&r.start).is_some_and(|x| x.id == r.id) {
@@ -460,12 +528,20 @@ impl RangeTable {
     }
 
     /// `[start, end)` of `owner`'s memory is out of the table again (a take-back that failed).
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn leave(&self, owner: u64, start: usize, end: usize) {
         self.write().left.push((owner, start, end));
     }
 
     /// Removes and returns the spans of `owner`'s memory that left the table unregistered
     /// (see [`Table::left`]).
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn take_left(&self, owner: u64) -> Vec<(usize, usize)> {
         let mut t = self.write();
         let mine = t.left.iter().filter(|l| l.0 == owner).map(|l| (l.1, l.2)).collect();
@@ -474,6 +550,10 @@ impl RangeTable {
     }
 
     /// Removes and returns every range of `owner`.
+    ///
+    /// # Context
+    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
+    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
     pub(crate) fn take_owned(&self, owner: u64) -> Vec<Arc<Range>> {
         let mut t = self.write();
         let mine: Vec<usize> = t
@@ -486,6 +566,9 @@ impl RangeTable {
     }
 
     /// Every range, in address order (for tests and stats).
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub(crate) fn ranges(&self) -> Vec<Arc<Range>> {
         self.read().by_start.values().cloned().collect()
     }
@@ -511,21 +594,33 @@ pub struct Region {
 
 impl Region {
     /// First byte.
+    ///
+    /// # Context
+    /// The Region's owner.
     pub fn as_ptr(&self) -> *mut u8 {
         self.addr as *mut u8
     }
 
     /// Length in bytes.
+    ///
+    /// # Context
+    /// The Region's owner.
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// Whether the region has no bytes (never, for a region the engine made).
+    ///
+    /// # Context
+    /// The Region's owner.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The memory as a byte slice. Touching it takes the faults the engine serves.
+    ///
+    /// # Context
+    /// The Region's owner.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: [addr, addr + len) is a live read-write anonymous mapping that this Region
         // owns (or the caller of `register` promised to keep mapped while it lives), and
@@ -534,6 +629,9 @@ impl Region {
     }
 
     /// The memory as a shared slice. Reading untouched pages maps the zero page.
+    ///
+    /// # Context
+    /// The Region's owner.
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: as for `as_mut_slice`; shared access through &self.
         unsafe { std::slice::from_raw_parts(self.as_ptr(), self.len) }
@@ -551,6 +649,9 @@ impl Region {
 
     /// Gives pages back to the kernel (`MADV_DONTNEED`); touched again they read zero, served
     /// by the engine again.
+    ///
+    /// # Context
+    /// The Region's owner; `MADV_DONTNEED`, whose REMOVE event a handler reads.
     pub fn discard(&mut self, offset: usize, len: usize) -> std::io::Result<()> {
         let (addr, len) = self.check(offset, len)?;
         // SAFETY: inside the region (checked), which `&mut self` holds alone; discarding its
@@ -561,6 +662,9 @@ impl Region {
     /// Discards `[offset, offset + len)` of the region like [`Region::discard`], keeping its
     /// pages for the pool (see [`crate::Engine::recycle`]): touched again, the range reads zero
     /// and is served by the engine, possibly with these very pages, zeroed.
+    ///
+    /// # Context
+    /// The Region's owner; as [`crate::Engine::recycle`].
     pub fn recycle(&mut self, offset: usize, len: usize) -> std::io::Result<crate::Recycled> {
         let (addr, len) = self.check(offset, len)?;
         self.shared.recycle(addr, len)
@@ -569,6 +673,9 @@ impl Region {
     /// Unmaps part of the region and maps fresh anonymous memory in its place, registered
     /// again: what an allocator does when it returns memory and gets the same addresses back.
     /// The engine sees UNMAP and serves the new pages afresh (they read zero).
+    ///
+    /// # Context
+    /// The Region's owner.
     pub fn replace(&mut self, offset: usize, len: usize) -> std::io::Result<()> {
         let (addr, len) = self.check(offset, len)?;
         // SAFETY: inside the region (checked), which `&mut self` holds alone; replacing its

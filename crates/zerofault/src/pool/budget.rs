@@ -62,6 +62,9 @@ impl Default for Recent {
 
 impl Budget {
     /// A budget for pools of `pool_max` bytes in all, in `cgroup`.
+    ///
+    /// # Context
+    /// The program thread starting the engine.
     pub(crate) fn new(pool_max: usize, cgroup: Option<MemoryCgroup>) -> Budget {
         let max = pages(pool_max);
         let first = cgroup.map_or(max, |c| {
@@ -79,6 +82,9 @@ impl Budget {
     }
 
     /// Pages the pools may hold now.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn pages(&self) -> u64 {
         self.pages.load(Relaxed)
     }
@@ -86,6 +92,9 @@ impl Budget {
     /// A recycle of `n` pages is asked for: remembered as demand, and the budget raised at once
     /// (within the cgroup's bound) to the floor and the reserve and twice `n`, so that a program
     /// freeing a large block keeps it.
+    ///
+    /// # Context
+    /// A program thread releasing memory (recycling, a discard); atomics only.
     pub(crate) fn note_release(&self, n: u64) {
         self.released.fetch_max(n, Relaxed);
         let base = FLOOR.saturating_add(self.reserved.load(Relaxed));
@@ -94,6 +103,9 @@ impl Budget {
     }
 
     /// A caller asked the pools to hold `n` pages (`Engine::prefill`).
+    ///
+    /// # Context
+    /// The scrub thread. (the first one to look); reads the memory cgroup's files.
     pub(crate) fn reserve(&self, n: u64) {
         self.reserved.fetch_max(n, Relaxed);
         self.pages.fetch_max(n.min(self.cap(false)), Relaxed);
@@ -101,6 +113,9 @@ impl Budget {
 
     /// A prefill of `n` pages begins: they are reserved, and the pools are busy until
     /// [`Budget::filled`].
+    ///
+    /// # Context
+    /// A program thread, in `Engine::prefill`; atomics only.
     pub(crate) fn filling(&self, n: u64) {
         self.filling.fetch_add(1, AcqRel);
         self.fills.fetch_add(1, Release);
@@ -108,6 +123,9 @@ impl Budget {
     }
 
     /// A prefill finished (see [`Budget::fills`]).
+    ///
+    /// # Context
+    /// A program thread, in `Engine::prefill`; atomics only.
     pub(crate) fn filled(&self) {
         self.fills.fetch_add(1, Release);
         self.filling.fetch_sub(1, AcqRel);
@@ -115,11 +133,17 @@ impl Budget {
 
     /// Prefills begun and finished so far, and whether one is running: the scrub's idle purge
     /// waits `purge_delay` after the last change, and none runs during a prefill.
+    ///
+    /// # Context
+    /// The scrub thread. Atomics only.
     pub(crate) fn fills(&self) -> (u64, bool) {
         (self.fills.load(Acquire), self.filling.load(Acquire) > 0)
     }
 
     /// The pools were idle for `purge_delay` and gave back what a prefill had asked for.
+    ///
+    /// # Context
+    /// The scrub thread. Atomics only.
     pub(crate) fn end_reserve(&self) {
         self.reserved.store(0, Relaxed);
     }

@@ -160,6 +160,9 @@ pub(crate) struct DirtyRing {
 impl DirtyRing {
     /// Reserves `bytes` (rounded up to 2 MiB) of address space for recycled pages; `huge`:
     /// whole huge pages, one per 2 MiB slot.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<DirtyRing> {
         let (base, len) = crate::pool::map_ring(bytes, huge)?;
         Ok(DirtyRing {
@@ -171,21 +174,33 @@ impl DirtyRing {
     }
 
     /// The reserved area, as (address, length).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn area(&self) -> (usize, usize) {
         (self.base, bytes(self.index.pages))
     }
 
     /// Whether slots hold whole huge pages.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn is_huge(&self) -> bool {
         self.index.unit > 1
     }
 
     /// Pages waiting to be zeroed.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn pending(&self) -> u64 {
         self.index.pending()
     }
 
     /// Now, on the ring's clock (ns).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn now(&self) -> u64 {
         u64::try_from(self.born.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
@@ -193,6 +208,10 @@ impl DirtyRing {
     /// Moves `n` pages from `src` in, with `mv(dst, src, len)` (UFFDIO_MOVE), as far as there
     /// is room. In the huge ring `n` is one huge page and fills one slot. Recyclers call this
     /// one at a time (the ring's lock).
+    ///
+    /// # Context
+    /// A program thread recycling; takes the ring's put lock (one putter at a time); while an event
+    /// is pending (`EAGAIN`) it yields, then naps, at most [`AGAIN_WAIT`].
     pub(crate) fn put(&self, src: usize, n: u64, mv: &mut dyn FnMut(usize, usize, usize) -> Progress) -> Put {
         let unit = self.index.unit;
         debug_assert!(n % unit == 0);
@@ -253,6 +272,9 @@ impl DirtyRing {
 
     /// The batch at the head: at most [`BATCH_PAGES`], never crossing a batch boundary or the
     /// ring's end. The scrub alone calls this.
+    ///
+    /// # Context
+    /// The scrub thread. Lock-free (the loom model checks it against `put`).
     pub(crate) fn peek(&self) -> Option<Batch> {
         let (slot, n, stamp) = self.index.peek()?;
         Some(Batch {
@@ -263,11 +285,17 @@ impl DirtyRing {
     }
 
     /// The scrub emptied the first `n` pages at the head (moved them on, or purged them).
+    ///
+    /// # Context
+    /// The scrub thread. Lock-free (the loom model checks it against `put`).
     pub(crate) fn consume(&self, n: u64) {
         self.index.consume(n);
     }
 
     /// `head <= tail <= head + pages`, on whole slots.
+    ///
+    /// # Context
+    /// Any thread, in debug checks; reads atomics.
     pub(crate) fn is_valid(&self) -> bool {
         self.index.is_valid()
     }
@@ -275,6 +303,9 @@ impl DirtyRing {
     /// Gives every page back to the kernel and forgets them (the engine is going away, or the
     /// pool is paused). Recyclers wait meanwhile; the caller holds the pool's work lock, which
     /// keeps the scrub between two batches (`Pool::release_all`).
+    ///
+    /// # Context
+    /// Any thread holding the pool's work lock (pause, drop, `mlockall`); takes the put lock.
     pub(crate) fn release_all(&self) {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the ring's own memory; no recycler runs (the lock), and the caller keeps the

@@ -90,6 +90,9 @@ pub(crate) struct Machine {
 
 impl Machine {
     /// Working as if alone: every rule allows.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn alone() -> Machine {
         Machine {
             at: None,
@@ -109,6 +112,9 @@ impl Machine {
     }
 
     /// [`Machine::open`] of the file at `path`.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn open_at(path: &CString, cpus: u32) -> Result<Machine, Refused> {
         let addr = file::open(path, &init, &valid)?;
         // SAFETY: `valid` checked the magic of a page-sized shared mapping that lives until this
@@ -231,6 +237,9 @@ impl Machine {
     }
 
     /// Whether the state is shared (a slot claimed).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn is_shared(&self) -> bool {
         self.page().is_some()
     }
@@ -304,11 +313,17 @@ static RUNTIME_DIR: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::n
 
 /// Gives the engine `XDG_RUNTIME_DIR` (the LD_PRELOAD shim, in its constructor: an engine
 /// started later, inside a hook, must not read an environment another thread may be changing).
+///
+/// # Context
+/// A program thread, before the engine starts (the shim's start); no lock.
 pub fn set_runtime_dir(dir: Option<&str>) {
     let _ = RUNTIME_DIR.set(dir.map(str::to_owned));
 }
 
 /// [`set_runtime_dir`]'s, or the environment's now.
+///
+/// # Context
+/// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
 pub(crate) fn runtime_dir() -> Option<String> {
     RUNTIME_DIR
         .get()

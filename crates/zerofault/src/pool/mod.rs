@@ -79,6 +79,9 @@ pub(crate) use ring::{map_ring, Ring};
 
 /// The bit of pool `ix` in a mask of pools (an install's pools found empty, a recycle's
 /// rings closed) (pools from the 64th on share the last bit: one of them found empty makes the install skip them all).
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn tried_bit(ix: usize) -> u64 {
     1 << ix.min(63)
 }
@@ -90,6 +93,9 @@ pub(crate) const CHUNK_PAGES: u64 = PMD_PAGES;
 /// `pool_max`). A full window of 2048 pages covers four PMDs, and the one its fault landed in
 /// holds a page table already (the kernel made it before queueing the fault), so a quarter of
 /// a sequential writer's pages are 4 KiB pages.
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn small_bytes(pool_max: usize) -> usize {
     (pool_max / 4 / PMD_SIZE * PMD_SIZE)
         .max(PMD_SIZE)
@@ -154,6 +160,9 @@ impl Pool {
     /// until pages come): what comes back from the program is 4 KiB or huge pages in whatever
     /// mix it freed; the pool-wide limit stays `bytes`.
     /// `node`: bind the clean rings to it ([`Ring::bind`]).
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn new(bytes: usize, huge: bool, recycle: bool, node: Option<u32>) -> io::Result<Pool> {
         let bytes = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
         let small = if huge { small_bytes(bytes) } else { bytes };
@@ -191,6 +200,10 @@ impl Pool {
 
     /// The scrub's permission for one step (see [`Pool::work`]): `None` while the rings are
     /// protected or `paused` says the pool is paused.
+    ///
+    /// # Context
+    /// The scrub thread. Takes the pool's work lock for one step (zeroing, filling, purging), which
+    /// a pause or drop waits for.
     pub(crate) fn step(&self, paused: &std::sync::atomic::AtomicBool) -> Option<std::sync::MutexGuard<'_, ()>> {
         let g = self.work.lock().unwrap_or_else(|e| e.into_inner());
         (!self.protected.load(Acquire) && !paused.load(Acquire)).then_some(g)
@@ -199,6 +212,10 @@ impl Pool {
     /// Undoes [`Pool::register`] (every ring; unregistering a range that is not registered
     /// is harmless): before the rings are unmapped while the descriptor is open with no
     /// handler to read the UNMAP events their munmap would wait for.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock. Or its
+    /// failure path.
     pub(crate) fn unregister(&self, uffd: &Uffd) {
         for (a, l) in self.areas() {
             let _ = uffd.unregister(a, l);
@@ -206,6 +223,9 @@ impl Pool {
     }
 
     /// The share of `limit` the scrub's refill and the purge aim at for `ring` (one of ours).
+    ///
+    /// # Context
+    /// The scrub thread.
     pub(crate) fn share(&self, ring: &Ring) -> u64 {
         if std::ptr::eq(ring, &self.small) {
             self.small_share
@@ -221,11 +241,17 @@ impl Pool {
     }
 
     /// Pages the pool may still take in, ready or dirty, before it holds `pool_max`.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn room(&self) -> u64 {
         self.limit.saturating_sub(self.available() + self.dirty())
     }
 
     /// Every ring's area, clean and dirty, as (address, length).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn areas(&self) -> Vec<(usize, usize)> {
         let mut v = vec![self.small.area()];
         v.extend(self.huge.as_ref().map(Ring::area));
@@ -235,6 +261,9 @@ impl Pool {
     }
 
     /// Registers every ring with `uffd` as a move destination (see the module's docs).
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn register(&self, uffd: &Uffd) -> io::Result<()> {
         for (a, l) in self.areas() {
             uffd.register_as_destination(a, l)?;
@@ -243,12 +272,18 @@ impl Pool {
     }
 
     /// Whether freed pages can come back through this pool.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn recycles(&self) -> bool {
         self.dirty_small.is_some()
     }
 
     /// The handler found the huge ring empty for `n` huge pages it wanted: demand, in huge
     /// pages (at most the huge ring's share), until a trade or a recycled huge page meets it.
+    ///
+    /// # Context
+    /// A handler; atomics only.
     pub(crate) fn note_huge_missed(&self, n: u64) {
         let cap = (self.limit - self.small_share) / CHUNK_PAGES;
         let _ = self
@@ -257,6 +292,9 @@ impl Pool {
     }
 
     /// `n` recycled huge pages reached the clean ring: they meet as much of the demand.
+    ///
+    /// # Context
+    /// The scrub thread. Atomics only.
     pub(crate) fn huge_demand_met(&self, n: u64) {
         let _ = self
             .huge_missed
@@ -269,6 +307,9 @@ impl Pool {
     /// what comes back anyway (seed 003's loop spent more CPU in runs with such trades:
     /// docs/DESIGN.md, "Recycling freed pages"). The backlog is set against the demand as a whole, not against each
     /// miss: many small misses add up.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn unmet_huge_demand(&self) -> u64 {
         let coming = self.dirty_huge.as_ref().map_or(0, |d| d.pending() / CHUNK_PAGES);
         self.huge_missed.load(Relaxed).saturating_sub(coming)
@@ -276,6 +317,9 @@ impl Pool {
 
     /// Takes one unit of the huge-page demand [`Pool::note_huge_missed`] counted: whether
     /// there was any.
+    ///
+    /// # Context
+    /// The scrub thread. Atomics only.
     pub(crate) fn take_huge_missed(&self) -> bool {
         self.huge_missed
             .fetch_update(Relaxed, Relaxed, |m| m.checked_sub(1))
@@ -283,6 +327,9 @@ impl Pool {
     }
 
     /// Forgets the huge-page demand (the scrub could not make huge pages).
+    ///
+    /// # Context
+    /// The scrub thread. Atomics only.
     pub(crate) fn clear_huge_missed(&self) {
         self.huge_missed.store(0, Relaxed);
     }
@@ -291,6 +338,9 @@ impl Pool {
     /// ring: the handler went without huge pages, the huge ring is below its share, and the
     /// small ring holds its share already, and `margin` pages more (one largest window: a
     /// window's edges are 4 KiB pages beyond a quarter of it).
+    ///
+    /// # Context
+    /// The scrub thread. Atomics only.
     pub(crate) fn wants_trade(&self, margin: u64) -> bool {
         let Some(huge) = &self.huge else { return false };
         self.unmet_huge_demand() > 0
@@ -305,6 +355,9 @@ impl Pool {
     /// before any 4 KiB one left the small ring empty for the first tens of milliseconds of
     /// each round of seed 003's loop, and its 4 KiB faults were copies (docs/DESIGN.md,
     /// "Recycling freed pages").
+    ///
+    /// # Context
+    /// The scrub thread. Lock-free.
     pub(crate) fn next_dirty(&self, done: [bool; 2]) -> Option<(usize, &DirtyRing, &Ring, Batch)> {
         let pairs = [
             self.dirty_huge.as_ref().zip(self.huge.as_ref()),
@@ -319,22 +372,34 @@ impl Pool {
     }
 
     /// Recycled pages waiting to be zeroed.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn dirty(&self) -> u64 {
         self.dirty_small.as_ref().map_or(0, DirtyRing::pending) + self.dirty_huge.as_ref().map_or(0, DirtyRing::pending)
     }
 
     /// Pages handed out so far from both rings (a monotonic count but for give-backs): the
     /// scrub's sign that nobody took pages for a while.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn taken(&self) -> u64 {
         self.small.index.head.0.load(Relaxed) + self.huge.as_ref().map_or(0, |h| h.index.head.0.load(Relaxed))
     }
 
     /// Pages ready in both rings.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn available(&self) -> u64 {
         self.small.available() + self.huge.as_ref().map_or(0, Ring::available)
     }
 
     /// Pages the pool holds at most (`pool_max`).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn capacity(&self) -> u64 {
         self.limit
     }
@@ -343,6 +408,10 @@ impl Pool {
     /// tie), or into the other when that one is full. Returns the pages added; 0 when both are
     /// full (or `max_pages` is under a huge chunk and the small ring is full). Without
     /// `huge_too`, the small ring only (see `Shared::huge_wanted`).
+    ///
+    /// # Context
+    /// The scrub thread, or a program thread's prefill. Takes the ring's fill lock (one producer at
+    /// a time); the populate allocates pages and may sleep (reclaim, the mmap lock).
     pub(crate) fn fill_step(&self, max_pages: u64, huge_too: bool, stats: &Stats) -> Result<u64, FillError> {
         if self.room() == 0 {
             return Ok(0);
@@ -368,12 +437,18 @@ impl Pool {
     }
 
     /// Whether either ring's node was found full lately ([`Ring::node_full`]).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn node_full(&self) -> bool {
         self.small.node_full() || self.huge.as_ref().is_some_and(Ring::node_full)
     }
 
     /// Populates until `target` pages are ready in all (capped at capacity), on the calling
     /// thread.
+    ///
+    /// # Context
+    /// A program thread (`Engine::prefill`), as [`Pool::fill_step`].
     pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> Result<(), FillError> {
         fill_loop(
             target.min(self.capacity()),
@@ -384,6 +459,10 @@ impl Pool {
     }
 
     /// Frees every pool page, clean and dirty, between two steps of the scrub.
+    ///
+    /// # Context
+    /// Any thread (pause, drop, `mlockall`, stepping aside); takes the pool's work lock, then each
+    /// ring's fill or put lock.
     pub(crate) fn release_all(&self) {
         let _work = self.work.lock().unwrap_or_else(|e| e.into_inner());
         self.small.release_all();

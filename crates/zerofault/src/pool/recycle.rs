@@ -52,6 +52,11 @@ impl Shared {
     /// engine installed there for the pool (see the module's docs). The range reads zero
     /// afterwards. `Err` is `MADV_DONTNEED`'s (an mlocked range, say); the pages moved out
     /// before it stay recycled.
+    ///
+    /// # Context
+    /// A program thread, in the shim's free or munmap hook or `Engine::recycle`. Takes the
+    /// descriptor's read lock, the range table's read lock and the dirty rings' put locks; the
+    /// moves may sleep on the mmap lock, and a pending event is waited out (at most `AGAIN_WAIT`).
     pub(crate) fn recycle(&self, addr: usize, len: usize) -> io::Result<Recycled> {
         let mut done = Recycled::default();
         let end = addr.saturating_add(len);

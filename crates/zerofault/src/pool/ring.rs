@@ -48,6 +48,9 @@ pub(crate) struct RingIndex {
 
 impl RingIndex {
     /// An empty ring of `pages` slots handed out `unit` pages at a time.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn new(pages: u64, unit: u64) -> RingIndex {
         RingIndex {
             pages,
@@ -58,6 +61,9 @@ impl RingIndex {
     }
 
     /// Pages ready to be taken.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn available(&self) -> u64 {
         let t = self.tail.0.load(Acquire);
         (t - self.head.0.load(Acquire).min(t)).min(self.pages)
@@ -65,6 +71,9 @@ impl RingIndex {
 
     /// Takes up to `want` ready pages (whole units) as one run that does not cross the ring's
     /// end: `(index, pages)`, its first slot being `index % pages`. `None` when empty.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn take(&self, want: u64) -> Option<(u64, u64)> {
         let want = want - want % self.unit;
         let mut h = self.head.0.load(Acquire);
@@ -94,6 +103,9 @@ impl RingIndex {
     /// repopulated them: nothing happens to a present page). Then the given-back slots count
     /// twice, here and at the tail: the first taker gets their pages, the second finds holes,
     /// which the engine skips (ENOENT, told from a gone destination by mincore).
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn untake(&self, index: u64, pages: u64, unused: u64) -> bool {
         let unused = unused - unused % self.unit;
         if unused == 0 {
@@ -110,6 +122,9 @@ impl RingIndex {
     /// The producer's first half of a step (one producer at a time): the slots it may populate
     /// now, `(index, pages)`: at most `max` pages, whole units, never crossing the ring's end;
     /// `None` when full.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn fill_begin(&self, max: u64) -> Option<(u64, u64)> {
         let t = self.tail.0.load(Relaxed);
         // Acquire: every consumer's use of a slot it took happened before we reuse it.
@@ -124,12 +139,18 @@ impl RingIndex {
     }
 
     /// The second half: the `pages` slots from `index` are populated; consumers may take them.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn fill_publish(&self, index: u64, pages: u64) {
         // Release: the populate happens before any consumer's Acquire load that sees it.
         self.tail.0.store(index + pages, Release);
     }
 
     /// Hands out nothing that is ready now (the pool is emptied).
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn drain(&self) {
         self.head.0.store(self.tail.0.load(Acquire), Release);
     }
@@ -139,6 +160,9 @@ impl RingIndex {
     /// `untake`), both on whole units. `head` is read first: it only ever moves up to a tail
     /// some consumer saw, and `tail` only grows, so a later read of `tail` is at least the
     /// `head` read before it.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn is_valid(&self) -> bool {
         let h = self.head.0.load(Acquire);
         let t = self.tail.0.load(Acquire);
@@ -169,6 +193,9 @@ pub(crate) const NODE_FULL_TTL_NS: u64 = crate::nodes::ZAP_NS;
 /// Reserves a ring's area, clean or dirty: `bytes` rounded up to 2 MiB, 2 MiB aligned,
 /// `MADV_HUGEPAGE` when `huge` (else `MADV_NOHUGEPAGE`) and `MADV_DONTFORK` (a forked child has
 /// no use for the pool). Nothing is populated. Returns (address, length).
+///
+/// # Context
+/// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
 pub(crate) fn map_ring(bytes: usize, huge: bool) -> io::Result<(usize, usize)> {
     let len = bytes.max(PMD_SIZE).next_multiple_of(PMD_SIZE);
     let base = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ | libc::PROT_WRITE, true)?;
@@ -190,6 +217,9 @@ pub(crate) fn map_ring(bytes: usize, huge: bool) -> io::Result<(usize, usize)> {
 impl Ring {
     /// Reserves `bytes` (rounded up to 2 MiB) of address space; nothing is populated yet.
     /// `huge`: populated as transparent huge pages and handed out in whole chunks.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn new(bytes: usize, huge: bool) -> io::Result<Ring> {
         let (base, len) = map_ring(bytes, huge)?;
         Ok(Ring {
@@ -202,6 +232,9 @@ impl Ring {
     }
 
     /// Whether this ring's node was found full within the last [`NODE_FULL_TTL_NS`].
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn node_full(&self) -> bool {
         use crate::nodes::Clock;
         let at = self.full_at.load(Acquire);
@@ -209,6 +242,9 @@ impl Ring {
     }
 
     /// Records that a populate found the node full (or had no memory).
+    ///
+    /// # Context
+    /// The ring's producer (the scrub or a prefill), under the fill lock.
     pub(crate) fn mark_node_full(&self) {
         use crate::nodes::Clock;
         self.full_at.store(crate::nodes::Monotonic.now_ns().max(1), Release);
@@ -217,6 +253,9 @@ impl Ring {
     /// Binds the ring's area to `node` (preferred: where the node is full, the kernel takes
     /// the next node's pages rather than failing the populate), and checks every populate
     /// against it from now on ([`Ring::fill_step`]).
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(super) fn bind(&mut self, node: u32) -> io::Result<()> {
         let (a, l) = self.area();
         let mask = crate::sys::numa::NodeMask::of([node]);
@@ -228,33 +267,51 @@ impl Ring {
     }
 
     /// The ring's reserved area, as (address, length).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn area(&self) -> (usize, usize) {
         (self.base, bytes(self.index.pages))
     }
 
     /// Whether this is the huge ring (whole 2 MiB chunks).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     #[cfg(test)]
     pub(crate) fn is_huge(&self) -> bool {
         self.index.unit > 1
     }
 
     /// Whether this is the huge ring (whole 2 MiB chunks).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn is_huge_ring(&self) -> bool {
         self.index.unit > 1
     }
 
     /// Capacity in pages.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn capacity(&self) -> u64 {
         self.index.pages
     }
 
     /// Pages ready to be taken.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn available(&self) -> u64 {
         self.index.available()
     }
 
     /// Takes up to `want` ready pages (whole chunks in the huge ring, so `want` is rounded down
     /// to them) as one contiguous run; `None` when the ring is empty or `want` is under a unit.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn take(&self, want: u64) -> Option<Run> {
         let (index, n) = self.index.take(want)?;
         debug_assert!(self.index.is_valid());
@@ -268,6 +325,9 @@ impl Ring {
     /// Gives back the last `unused` pages of `run` if nobody took pages after it; otherwise they
     /// stay where they are, populated, and the producer finds them present when it comes round.
     /// The huge ring takes back whole unused chunks only.
+    ///
+    /// # Context
+    /// Any thread; lock-free (the loom model `loom_tests` checks the protocol), never sleeps.
     pub(crate) fn untake(&self, run: Run, unused: u64) {
         self.index.untake(run.index, run.pages, unused);
         debug_assert!(self.index.is_valid());
@@ -279,6 +339,10 @@ impl Ring {
     /// pages the kernel took from another node mean the node is full (its fast path found the
     /// node below its watermark and fell back, seed 001's full zone), and the chunk is
     /// discarded unpublished: [`FillError::NodeFull`].
+    ///
+    /// # Context
+    /// The ring's producer: the scrub thread, or a program thread's prefill. Takes the fill lock;
+    /// the populate allocates pages and may sleep (reclaim, the mmap lock).
     pub(crate) fn fill_step(&self, max_pages: u64, stats: &Stats) -> Result<u64, FillError> {
         let node = self.node;
         let n = self.fill_with(max_pages, |addr, n| {
@@ -317,6 +381,10 @@ impl Ring {
     /// still holds a page (given back after the producer came round it: see
     /// `RingIndex::untake`) holds a zero page: `fill` may count it as filled. Returns the
     /// pages published; 0 when the ring is full.
+    ///
+    /// # Context
+    /// The ring's producer (the scrub, or a prefill); takes the fill lock for the call, `fill`
+    /// included.
     pub(crate) fn fill_with<E>(
         &self,
         max_pages: u64,
@@ -338,6 +406,9 @@ impl Ring {
 
     /// Takes up to `max` ready pages and gives them back to the kernel (the scrub's purge of
     /// pages nobody took). Returns the pages purged.
+    ///
+    /// # Context
+    /// The scrub thread. Takes ring slots lock-free; the discard may sleep on the mmap lock.
     pub(crate) fn purge(&self, max: u64) -> u64 {
         let Some(run) = self.take(max) else { return 0 };
         // SAFETY: a run taken from the ring is ours alone (see `take`); its pages are discarded
@@ -347,6 +418,9 @@ impl Ring {
     }
 
     /// Populates until `target` pages are ready (capped at capacity), on the calling thread.
+    ///
+    /// # Context
+    /// A test's thread, as [`Ring::fill_step`].
     #[cfg(test)]
     pub(crate) fn fill_to(&self, target: u64, stats: &Stats, stop: impl Fn() -> bool) -> Result<(), FillError> {
         fill_loop(
@@ -359,6 +433,9 @@ impl Ring {
 
     /// Whether `addr` (a page of a run) is still populated: tells a source hole from a
     /// destination problem when a move reports ENOENT.
+    ///
+    /// # Context
+    /// Any thread; one `mincore`.
     pub(crate) fn is_populated(&self, addr: usize) -> bool {
         mman::is_resident(addr)
     }
@@ -367,6 +444,9 @@ impl Ring {
 impl Ring {
     /// Frees every page (the engine is going away; the address space stays reserved
     /// until the last region lets go of the shared state).
+    ///
+    /// # Context
+    /// Any thread holding the pool's work lock; takes the fill lock.
     pub(crate) fn release_all(&self) {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
         // SAFETY: the ring's own memory. Under the fill lock no producer writes it, and after
@@ -414,6 +494,9 @@ impl From<FillError> for io::Error {
 }
 
 /// Producer steps until `available()` reaches `target`, a step adds nothing, or `stop()`.
+///
+/// # Context
+/// The producer of [`Ring::fill_step`].
 pub(super) fn fill_loop(
     target: u64,
     stop: impl Fn() -> bool,

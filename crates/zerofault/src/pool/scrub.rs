@@ -56,6 +56,9 @@ pub(crate) struct ScrubCtl {
 
 impl ScrubCtl {
     /// Asks for a refill. Cheap when a request is already pending.
+    ///
+    /// # Context
+    /// Any thread; takes the scrub's wake lock for a moment, never waits.
     pub(crate) fn kick(&self) {
         let mut r = self.requested.lock().unwrap_or_else(|e| e.into_inner());
         if !*r {
@@ -335,6 +338,11 @@ fn stopping(shared: &Shared) -> bool {
 /// The thread's body, for pool `ix` of `Shared::pools`. A node's pool is scrubbed on that
 /// node's CPUs: its zeroing stores and the kernel's page clearing for its populate then run
 /// where the memory is.
+///
+/// # Context
+/// The scrub thread, for its whole life (spawned by `Engine::start` or `Engine::resume`, every
+/// signal blocked). Sleeps between steps on its wake lock's condition, rests on a busy machine, and
+/// waits while the program is not quiet.
 pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let mut share = Share::new();
     // Started by a program thread, it has that thread's policy: not a real-time one.

@@ -38,6 +38,8 @@ const REST_MAX: Duration = Duration::from_millis(32);
 const MACHINE_REST: Duration = Duration::from_millis(2);
 
 impl Share {
+    /// # Context
+    /// The scrub thread.
     pub(super) fn new() -> Share {
         Share {
             mark: None,
@@ -48,6 +50,9 @@ impl Share {
     }
 
     /// The round is over: no longer stepping, for the machine-wide state.
+    ///
+    /// # Context
+    /// The scrub thread.
     pub(super) fn idle(&mut self, machine: &Machine) {
         if std::mem::take(&mut self.stepping) {
             machine.scrub_stepping(false);
@@ -57,6 +62,9 @@ impl Share {
     /// Whether the scrub may take its next step now (`clock`: the scrub's CPU time): it has a
     /// CPU to itself, and other processes' scrubs leave it one (`machine`; a refusal there is
     /// a rest of [`MACHINE_REST`]).
+    ///
+    /// # Context
+    /// The scrub thread. Reads its own run delay (a file of /proc).
     pub(super) fn allows(&mut self, clock: &thread::ThreadClock, stats: &Stats, machine: &Machine) -> bool {
         let now = Instant::now();
         // The file is read only when a rest is over.
@@ -86,6 +94,9 @@ impl Share {
     }
 
     /// How long the current rest still lasts, if resting.
+    ///
+    /// # Context
+    /// The scrub thread.
     pub(super) fn resting_for(&self, now: Instant) -> Option<Duration> {
         self.until.map(|t| t.saturating_duration_since(now))
     }

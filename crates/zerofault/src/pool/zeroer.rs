@@ -26,6 +26,8 @@ pub(crate) struct Zeroer {
 }
 
 impl Zeroer {
+    /// # Context
+    /// The scrub thread.
     pub(crate) fn new(knob: Option<ZeroMethod>, llc: usize, stats: &Stats) -> Zeroer {
         let trials = match knob {
             Some(m) => {
@@ -46,6 +48,9 @@ impl Zeroer {
     }
 
     /// The method for the next cold batch.
+    ///
+    /// # Context
+    /// The scrub thread.
     pub(crate) fn cold(&self) -> ZeroMethod {
         self.chosen.unwrap_or_else(|| {
             self.trials
@@ -57,6 +62,9 @@ impl Zeroer {
 
     /// A cold batch of `bytes` took `cpu` with `m`. Once every method has had its share,
     /// `auto` keeps the fastest and the stats say what each did.
+    ///
+    /// # Context
+    /// The scrub thread.
     pub(crate) fn record(&mut self, m: ZeroMethod, bytes: u64, cpu: Duration, stats: &Stats) {
         if self.chosen.is_some() {
             return;
@@ -93,6 +101,9 @@ impl Zeroer {
     }
 
     /// Whether a batch stamped `age` ago, with `backlog` dirty bytes in all, is hot.
+    ///
+    /// # Context
+    /// The scrub thread.
     pub(crate) fn is_hot(&self, age: Duration, backlog: usize) -> bool {
         age < HOT && backlog <= self.llc
     }

@@ -33,6 +33,9 @@ pub(crate) struct Descriptor(pub(crate) [u64; 8]);
 
 impl Descriptor {
     /// A memory fill of `len` bytes at `dst` with the pattern 0, completion into `comp`.
+    ///
+    /// # Context
+    /// The scrub thread; spins on the descriptor's completion record.
     pub(crate) fn fill_zero(dst: usize, len: u32, comp: *mut Completion) -> Descriptor {
         let mut w = [0u64; 8];
         // Bytes 0-3: PASID and privilege, filled by ENQCMD from the process's PASID. Bytes
@@ -45,21 +48,29 @@ impl Descriptor {
         Descriptor(w)
     }
 
+    /// # Context
+    /// Any thread; arithmetic only.
     #[cfg(test)]
     pub(crate) fn opcode(&self) -> u64 {
         self.0[0] >> 56
     }
 
+    /// # Context
+    /// Any thread; arithmetic only.
     #[cfg(test)]
     pub(crate) fn dst(&self) -> usize {
         usize::try_from(self.0[3]).unwrap_or(usize::MAX)
     }
 
+    /// # Context
+    /// Any thread; arithmetic only.
     #[cfg(test)]
     pub(crate) fn len(&self) -> usize {
         usize::try_from(self.0[4] & 0xffff_ffff).unwrap_or(0)
     }
 
+    /// # Context
+    /// Any thread; arithmetic only.
     #[cfg(test)]
     pub(crate) fn completion(&self) -> *mut Completion {
         usize::try_from(self.0[1]).unwrap_or(0) as *mut Completion
@@ -102,6 +113,9 @@ pub(crate) struct Done {
 ///
 /// # Safety
 /// As [`crate::ZeroMethod::zero`]: the caller owns the range.
+///
+/// # Context
+/// The scrub thread; submits with `ENQCMD` and spins on the completion record.
 pub(crate) unsafe fn zero(portal: &dyn Portal, ptr: *mut u8, len: usize, cpu: &dyn Fn(*mut u8, usize)) -> Done {
     let mut done = Done::default();
     let chunk = portal.max_transfer().clamp(4096, u32::MAX as usize);
@@ -219,6 +233,9 @@ impl Portal for WorkQueue {
 }
 
 /// The machine's queue, found once: an enabled user-type shared work queue, with ENQCMD.
+///
+/// # Context
+/// Any thread, once (then cached): reads sysfs and maps the portal.
 pub(crate) fn queue() -> Result<&'static WorkQueue, &'static str> {
     static Q: std::sync::OnceLock<Result<WorkQueue, &'static str>> = std::sync::OnceLock::new();
     Q.get_or_init(find).as_ref().map_err(|e| *e)

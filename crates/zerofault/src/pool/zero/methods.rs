@@ -22,6 +22,9 @@ use std::io;
 /// `zero_method` knob's value: `options.rs`).
 impl ZeroMethod {
     /// `Ok` with the variant used (`nt`: `avx512`, `avx2` or `sse2`), or what is missing.
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub fn available(self) -> Result<&'static str, &'static str> {
         #[cfg(target_arch = "x86_64")]
         {
@@ -55,6 +58,10 @@ impl ZeroMethod {
     /// The caller owns the range, page aligned and `len` a multiple of the page size, anonymous
     /// private read-write memory that nobody else touches meanwhile, and the method is
     /// [`ZeroMethod::available`].
+    ///
+    /// # Context
+    /// The scrub thread (or `zerofault bench-zero` on a program thread); stores only, or
+    /// `MADV_DONTNEED` and a populate for `kernel`.
     pub unsafe fn zero(self, ptr: *mut u8, len: usize) -> io::Result<()> {
         debug_assert!(self.available().is_ok());
         debug_assert!(ptr as usize % crate::page::PAGE_SIZE == 0 && len % crate::page::PAGE_SIZE == 0);
@@ -102,6 +109,9 @@ mod x86 {
 
     /// # Safety
     /// `[p, p + len)` is writable and the caller's alone.
+    ///
+    /// # Context
+    /// As [`ZeroMethod::zero`].
     pub(super) unsafe fn stosb(p: *mut u8, len: usize) {
         // SAFETY: rep stosb writes `rcx` bytes of `al` from `rdi`, forward (the direction flag
         // is clear by the ABI); the range is the caller's.
@@ -118,6 +128,9 @@ mod x86 {
 
     /// # Safety
     /// As [`stosb`]; `p` 64-byte aligned and `len` a multiple of 64.
+    ///
+    /// # Context
+    /// As [`ZeroMethod::zero`].
     pub(super) unsafe fn nt(p: *mut u8, len: usize) {
         if std::arch::is_x86_feature_detected!("avx512f") {
             // SAFETY: AVX-512F is present; the caller's range.
@@ -175,6 +188,9 @@ mod x86 {
 
     /// # Safety
     /// As [`nt`]; CLZERO is present.
+    ///
+    /// # Context
+    /// As [`ZeroMethod::zero`].
     pub(super) unsafe fn clzero(p: *mut u8, len: usize) {
         for off in (0..len).step_by(64) {
             // SAFETY: CLZERO zeroes the 64-byte line holding `rax`, inside the caller's range.

@@ -24,6 +24,8 @@ impl ZeroSource {
     /// Bytes one copy may take from the source at most.
     pub(crate) const LEN: usize = PMD_SIZE;
 
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock.
     pub(crate) fn new() -> io::Result<ZeroSource> {
         let len = Self::LEN;
         let addr = mman::map_aligned(len, PMD_SIZE, libc::PROT_READ, true)?;
@@ -44,11 +46,16 @@ impl ZeroSource {
         Ok(z)
     }
 
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn addr(&self) -> usize {
         self.addr
     }
 
     /// The mapping, as (address, length).
+    ///
+    /// # Context
+    /// Any thread; atomics only, never sleeps.
     pub(crate) fn area(&self) -> (usize, usize) {
         (self.addr, self.len)
     }
@@ -68,6 +75,9 @@ impl Drop for ZeroSource {
 }
 
 /// Whether every byte of `bytes` is zero (word at a time).
+///
+/// # Context
+/// Any thread; reads the source.
 pub fn is_zero(bytes: &[u8]) -> bool {
     let (head, words, tail) = {
         // SAFETY: u64 has no invalid bit patterns; align_to only reinterprets the aligned middle.
