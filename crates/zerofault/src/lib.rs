@@ -114,7 +114,7 @@
 //!   ranges (`region.rs`).
 //! - The pool (`pool/`): its clean rings (`ring.rs`), recycling the pages the program frees
 //!   into them (`recycle.rs`; the dirty rings, `dirty.rs`; [`Recycled`]), the scrub thread
-//!   (`scrub.rs`; its share of the CPUs, `share.rs`; its choice of stores, `zeroer.rs`),
+//!   (`scrub.rs`; its share of the CPUs, `share.rs`; its choice of stores, `zero/choice.rs`),
 //!   what the pools may hold inside the process's memory cgroup (`budget.rs`), and zero bytes
 //!   (`zero/`: the copy path's source, `source.rs`; the zeroing methods, [`ZeroMethod`],
 //!   `methods.rs`, timed by `zerofault bench-zero`; Intel DSA's memory fill through a work

@@ -4,7 +4,7 @@
 
 use crate::fault;
 use crate::fault::window::Predictors;
-use crate::memory::region::RangeTable;
+use crate::memory::ranges::RangeTable;
 use crate::options::Options;
 use crate::page::pages;
 use crate::pool::zero::source::ZeroSource;
@@ -39,7 +39,7 @@ pub(crate) struct Shared {
     pub(crate) failed: AtomicBool,
     /// Set by the handler on the first sequential write fault: the scrub thread fills nothing
     /// before.
-    pub(crate) streaming: AtomicBool,
+    pub(crate) pool_may_fill: AtomicBool,
     /// `prctl(PR_SET_THP_DISABLE)`: no huge page goes into the program's memory.
     pub(crate) thp_disabled: AtomicBool,
     /// Set once a write window took a huge page (or made one): from then on the scrub fills
@@ -75,7 +75,7 @@ pub(crate) struct Shared {
     /// One bracket per handler: odd while that handler is inside one message (bumped on entry
     /// and on exit), so that [`Engine::stats`] can wait for the counts of the install that
     /// woke its caller. Its length is the number of handlers.
-    pub(crate) handling: Box<[crate::sync::AtomicU64]>,
+    pub(crate) message_seq: Box<[crate::sync::AtomicU64]>,
     /// Events (REMOVE, UNMAP, REMAP) read so far by any handler: a handler's cached view of
     /// the mappings is stale once this moved.
     pub(crate) events: AtomicU64,
@@ -110,7 +110,7 @@ pub(crate) struct Shared {
     /// does not know, and an mremap refused for a registration nobody releases). Program
     /// threads take it inside hooks with signals blocked; nothing is done under it that waits
     /// for the handler.
-    pub(crate) reg: Mutex<()>,
+    pub(crate) registration: Mutex<()>,
 }
 
 /// The parts of [`Shared`] that differ between an engine's ([`Engine::start`]) and a detached
@@ -126,7 +126,7 @@ pub(crate) struct SharedParts {
     pub(crate) machine_refused: Option<String>,
     pub(crate) thp_disabled: bool,
     pub(crate) doorbell: usize,
-    /// Handler threads: a doorbell, a `handling` bracket and an `inflight` window each.
+    /// Handler threads: a doorbell, a `message_seq` bracket and an `inflight` window each.
     pub(crate) handlers: usize,
     pub(crate) uffd_identity: Option<FdIdentity>,
     pub(crate) lending: crate::fault::lend::Lending,
@@ -149,7 +149,7 @@ impl Shared {
             stats: p.stats,
             stopping: AtomicBool::new(false),
             failed: AtomicBool::new(false),
-            streaming: AtomicBool::new(false),
+            pool_may_fill: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             scrub_parked: AtomicBool::new(false),
             scrubs_parked: AtomicU32::new(0),
@@ -161,7 +161,7 @@ impl Shared {
             sparse_run: AtomicU32::new(0),
             left_alone: AtomicU32::new(0),
             doorbell: p.doorbell,
-            handling: (0..p.handlers).map(|_| crate::sync::AtomicU64::new(0)).collect(),
+            message_seq: (0..p.handlers).map(|_| crate::sync::AtomicU64::new(0)).collect(),
             events: AtomicU64::new(0),
             predictors: Predictors::default(),
             inflight: (0..p.handlers).map(|_| fault::Inflight::default()).collect(),
@@ -173,7 +173,7 @@ impl Shared {
             budget: p.budget,
             numa: p.numa,
             next_region: AtomicU64::new(1),
-            reg: Mutex::new(()),
+            registration: Mutex::new(()),
             opts: p.opts,
         }
     }
@@ -196,7 +196,7 @@ impl Shared {
     /// # Context
     /// A handler, on each fault address. Takes no lock.
     pub(crate) fn is_doorbell(&self, page_addr: usize) -> bool {
-        page_addr.wrapping_sub(self.doorbell) < self.handling.len() * PAGE_SIZE
+        page_addr.wrapping_sub(self.doorbell) < self.message_seq.len() * PAGE_SIZE
     }
 
     /// A handler thread leaves, with its read guard on the descriptor dropped; `failed`: other
@@ -241,16 +241,16 @@ impl Shared {
         }
         Stats::add(&self.stats.steps_aside, 1);
         self.kick_scrubs();
-        ring_doorbells(self, self.handling.len());
+        ring_doorbells(self, self.message_seq.len());
     }
 
-    /// See [`Shared::reg`].
+    /// See [`Shared::registration`].
     ///
     /// # Context
     /// A program thread (map, adopt, release, a region's drop) or a handler (hand-back, lend,
     /// take back). Sleeps while another holds it; never held across a wait for a handler.
-    pub(crate) fn reg_lock(&self) -> MutexGuard<'_, ()> {
-        self.reg.lock().unwrap_or_else(|e| e.into_inner())
+    pub(crate) fn registration_lock(&self) -> MutexGuard<'_, ()> {
+        self.registration.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records `[addr, addr + len)` in the table, then registers it. With the engine failed,
@@ -273,7 +273,7 @@ impl Shared {
         owner: Option<u64>,
         fresh: bool,
     ) -> io::Result<()> {
-        let _reg = self.reg_lock();
+        let _reg = self.registration_lock();
         let r = self.ranges.insert(addr, pages(len), owner);
         if !fresh {
             r.pmds.mark_tables(addr, len);
@@ -303,7 +303,7 @@ pub(crate) fn ring_doorbells(shared: &Shared, n: usize) {
     if n == 0 {
         return;
     }
-    let bells = shared.handling.len() * PAGE_SIZE;
+    let bells = shared.message_seq.len() * PAGE_SIZE;
     // SAFETY: the doorbells are the engine's own pages, read only below.
     let _ = unsafe { mman::protect(shared.doorbell, bells, libc::PROT_READ) };
     for i in 0..n {

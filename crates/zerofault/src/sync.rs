@@ -1,6 +1,6 @@
 //! The atomics of the lock-free parts (the pool's ring indices, the page-state map's words, the
 //! dirty rings' indices, the recent-faulters table, the handlers' windows in flight and their
-//! `handling` brackets): std's, or loom's under `cfg(loom)`, so that the same code is
+//! `message_seq` brackets): std's, or loom's under `cfg(loom)`, so that the same code is
 //! model-checked (`RUSTFLAGS="--cfg loom"`, see `.ci/run`). Syscalls stay outside what loom
 //! models: under loom the rings are checked through their indices alone, and the page map only
 //! with its bits inline.

@@ -166,7 +166,7 @@ impl Engine {
 
     fn prefill_pools(&self, bytes: usize) -> io::Result<()> {
         if !self.shared.pools.is_empty() {
-            self.shared.streaming.store(true, Release);
+            self.shared.pool_may_fill.store(true, Release);
         }
         for p in &self.shared.pools {
             match p.fill_to(pages(bytes), &self.shared.stats, || false) {
@@ -212,7 +212,7 @@ impl Engine {
         if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
             return Err(MapError::Unaligned { addr, len });
         }
-        let _reg = self.shared.reg_lock();
+        let _reg = self.shared.registration_lock();
         self.shared.ranges.insert(addr, pages(len), None);
         Ok(())
     }
@@ -221,7 +221,7 @@ impl Engine {
     /// there stay. For callers that must see the program's mappings as they would be without
     /// the engine (registration splits VMAs).
     pub fn release(&self, addr: usize, len: usize) {
-        let _reg = self.shared.reg_lock();
+        let _reg = self.shared.registration_lock();
         let seq = self.shared.ranges.seq();
         self.shared.ranges.unmap(addr, addr + len, seq);
         let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
@@ -506,7 +506,7 @@ impl Engine {
     /// snapshot taken while the handler is inside a message waits (at most 50 ms) for it.
     pub fn stats(&self) -> Snapshot {
         let t0 = std::time::Instant::now();
-        for bracket in self.shared.handling.iter() {
+        for bracket in self.shared.message_seq.iter() {
             let g = bracket.load(SeqCst);
             if g % 2 == 1 {
                 while bracket.load(SeqCst) == g

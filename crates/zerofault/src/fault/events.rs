@@ -116,7 +116,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// (never blocks for more) and handles the events among them.
     pub(crate) fn drain_events(&mut self, attempt: u32) {
         Stats::add(&self.stats().drained_for_events, 1);
-        let read = if self.shared.handling.len() > 1 {
+        let read = if self.shared.message_seq.len() > 1 {
             self.read_ordered()
         } else {
             self.read_pending()
@@ -146,7 +146,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
         let events = loop {
             let order = self.shared.event_order.lock().unwrap_or_else(|e| e.into_inner());
             self.seq = self.shared.ranges.seq();
-            match self.k.read(&mut buf) {
+            match self.kernel.read(&mut buf) {
                 Ok(1) => match buf[0] {
                     f @ Msg::PageFault { .. } => self.deferred.push_back(f),
                     e => {
@@ -177,7 +177,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
         // caller may be in the middle of one) keeps the older mark, or its unmaps would cut
         // ranges registered since.
         let outer = std::mem::replace(&mut self.seq, self.shared.ranges.seq());
-        let n = match self.k.read(&mut buf) {
+        let n = match self.kernel.read(&mut buf) {
             Ok(n) => n,
             Err(e) => {
                 self.note_errno(e);

@@ -217,14 +217,14 @@ impl<K: Kernel> Handler<'_, K> {
     fn give_back(&mut self, range: &Arc<Range>, first: u64, end: u64, count: bool) -> Option<(u64, u64)> {
         let (addr, len) = (range.addr_of(first), bytes(end - first));
         let shared = self.shared;
-        let _reg = shared.reg_lock();
+        let _reg = shared.registration_lock();
         // A range released, cut or replaced since the fault is not handed back: its span may
         // be another range's now.
         if shared.ranges.find(range.start).is_none_or(|r| r.id != range.id) {
             Stats::add(&self.stats().handbacks_stale, 1);
             return None;
         }
-        if let Err(e) = self.k.unregister(addr, len) {
+        if let Err(e) = self.kernel.unregister(addr, len) {
             self.note_errno(e);
             return None;
         }

@@ -65,7 +65,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let guard = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
     let Some(uffd) = guard.as_ref() else { return };
     let mut h = Handler::nth(&shared, uffd, index);
-    let several = shared.handling.len() > 1;
+    let several = shared.message_seq.len() > 1;
     // One handler reads every pending message at once. Several read one each: a batch read by
     // one would be served one after the other while the others find nothing to read (measured:
     // with 2 handlers and 4 writing threads the second served none of 120 faults).
@@ -89,7 +89,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
         }
         // The bracket is odd from before the read: a program thread whose munmap or madvise
         // returned because its event was read sees the event counted by Engine::stats.
-        let bracket = &shared.handling[index];
+        let bracket = &shared.message_seq[index];
         bracket.fetch_add(1, SeqCst);
         let n = match read_batch(&mut h, uffd, &shared, &mut buf[..batch], several) {
             Ok(Some(n)) => n,
@@ -275,7 +275,7 @@ const RUNS: usize = 16;
 /// The handler's state: what it needs of the engine, and what it keeps between messages.
 pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) shared: &'a Shared,
-    pub(crate) k: &'a K,
+    pub(crate) kernel: &'a K,
     pub(crate) opts: &'a Options,
     pub(crate) tuning: Tuning,
     pub(crate) zero: &'a ZeroSource,
@@ -301,7 +301,7 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) mapping: Option<(usize, usize)>,
     /// `Shared::events` when `mapping` was read.
     pub(crate) mapping_events: u64,
-    /// This handler's number: its staging area, doorbell and `handling` bracket.
+    /// This handler's number: its staging area, doorbell and `message_seq` bracket.
     pub(crate) index: usize,
     /// The node this handler thread prefers now (`set_mempolicy`), with several nodes: the
     /// first node of the last fault's choice (see [`Handler::choose_nodes`]).
@@ -355,21 +355,21 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// # Context
     /// A handler at its start, or a unit test.
     #[cfg(test)]
-    pub(crate) fn new(shared: &'a Shared, k: &'a K) -> Handler<'a, K> {
-        Handler::nth(shared, k, 0)
+    pub(crate) fn new(shared: &'a Shared, kernel: &'a K) -> Handler<'a, K> {
+        Handler::nth(shared, kernel, 0)
     }
 
     /// Handler `index`.
     ///
     /// # Context
     /// A handler at its start.
-    pub(crate) fn nth(shared: &'a Shared, k: &'a K, index: usize) -> Handler<'a, K> {
+    pub(crate) fn nth(shared: &'a Shared, kernel: &'a K, index: usize) -> Handler<'a, K> {
         let opts = &shared.opts;
         let can_move = opts.pool && !shared.pools.is_empty() && shared.features.has(crate::Features::MOVE);
         let stage = shared.stage.get(index).filter(|_| can_move);
         Handler {
             shared,
-            k,
+            kernel,
             opts,
             tuning: Tuning {
                 start_order: opts.start_order,
@@ -395,7 +395,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
                 && crate::sys::numa::thread_policy().map(|p| p.0) == Ok(crate::sys::numa::MPOL_DEFAULT),
             thread_nodes: [None; THREAD_NODES],
             ahead: match opts.ahead {
-                AheadMode::Wake if shared.handling.len() > 1 => AheadMode::Fault,
+                AheadMode::Wake if shared.message_seq.len() > 1 => AheadMode::Fault,
                 a => a,
             },
             // Made here, before the program can mlockall: a window's runs (and the pieces its
@@ -448,18 +448,18 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// # Context
     /// A handler; the wake ioctl, which does not sleep.
     pub(crate) fn wake(&mut self, page_addr: usize) {
-        if let Err(e) = self.k.wake(page_addr, PAGE_SIZE) {
+        if let Err(e) = self.kernel.wake(page_addr, PAGE_SIZE) {
             self.fatal.get_or_insert(e);
         }
     }
 
-    /// [`Self::handle`] inside this handler's `handling` bracket, which
+    /// [`Self::handle`] inside this handler's `message_seq` bracket, which
     /// [`crate::Engine::stats`] waits on.
     ///
     /// # Context
-    /// A handler, for each message read; brackets it in the handler's `handling` count.
+    /// A handler, for each message read; brackets it in the handler's `message_seq` count.
     pub(crate) fn handle_counted(&mut self, m: Msg) {
-        let bracket = &self.shared.handling[self.index];
+        let bracket = &self.shared.message_seq[self.index];
         bracket.fetch_add(1, SeqCst);
         self.handle(m);
         bracket.fetch_add(1, SeqCst);
@@ -521,8 +521,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
         if self.shared.pool_paused.load(Relaxed) {
             return;
         }
-        if !self.shared.streaming.load(Relaxed) {
-            self.shared.streaming.store(true, Release);
+        if !self.shared.pool_may_fill.load(Relaxed) {
+            self.shared.pool_may_fill.store(true, Release);
         }
         if pool.available() < pages(self.opts.scrub_start) {
             pool.scrub.kick();

@@ -149,14 +149,14 @@ impl<K: Kernel> Handler<'_, K> {
         }
         // SAFETY: the staging area is the handler's own: nothing else reads or writes it, and
         // its pages are zeroes the kernel just populated.
-        let mut p = self.note(unsafe { self.k.move_pages(dst, addr, PMD_SIZE) });
+        let mut p = self.note(unsafe { self.kernel.move_pages(dst, addr, PMD_SIZE) });
         // EAGAIN without progress: an event is pending (mmap_changing); apply it and retry.
         let mut retries = 0;
         while p.done == 0 && p.errno == Some(Errno(libc::EAGAIN)) && retries < EVENT_RETRIES {
             retries += 1;
             self.drain_events(retries);
             // SAFETY: as above.
-            p = self.note(unsafe { self.k.move_pages(dst, addr, PMD_SIZE) });
+            p = self.note(unsafe { self.kernel.move_pages(dst, addr, PMD_SIZE) });
         }
         Stats::add(&self.stats().pages_moved, pages(p.done));
         if p.errno.is_none() && p.done == PMD_SIZE {

@@ -190,7 +190,7 @@ impl<K: Kernel> Handler<'_, K> {
             return Some(m);
         }
         self.mapping_events = events;
-        self.mapping = self.k.mapping_of(a);
+        self.mapping = self.kernel.mapping_of(a);
         self.mapping
     }
 
@@ -416,7 +416,7 @@ impl<K: Kernel> Handler<'_, K> {
                     // SAFETY: the run was taken from the ring: the handler owns its pages until
                     // it gives the unused ones back, and pool pages are zeroes the kernel
                     // populated (or holes, which the kernel refuses with ENOENT).
-                    let p = unsafe { h.k.move_pages(dst + seg_start + o, run.addr + used.get(), n) };
+                    let p = unsafe { h.kernel.move_pages(dst + seg_start + o, run.addr + used.get(), n) };
                     let p = h.note(p);
                     used.set(used.get() + p.done);
                     moved += pages(p.done);
@@ -462,7 +462,7 @@ impl<K: Kernel> Handler<'_, K> {
             |h, o, rest| {
                 // SAFETY: the zero source is readable and reads zero, which is what a fresh
                 // anonymous page holds.
-                let p = unsafe { h.k.copy(dst + o, zero, rest.min(ZeroSource::LEN)) };
+                let p = unsafe { h.kernel.copy(dst + o, zero, rest.min(ZeroSource::LEN)) };
                 let p = h.note(p);
                 copied += pages(p.done);
                 Ok(p)
@@ -492,7 +492,7 @@ impl<K: Kernel> Handler<'_, K> {
         let filled = self.install_loop(
             len,
             |h, o, rest| {
-                let p = h.k.zeropage(dst + o, rest);
+                let p = h.kernel.zeropage(dst + o, rest);
                 let p = h.note(p);
                 mapped += pages(p.done);
                 Ok(p)

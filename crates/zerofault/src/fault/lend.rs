@@ -256,7 +256,7 @@ impl Lending {
     }
 
     /// The loans of Region `owner` end (it is dropped), counted as not taken back. Called
-    /// under `Shared::reg`.
+    /// under `Shared::registration`.
     ///
     /// # Context
     /// A program thread (a Region's drop) or a handler (an UNMAP event); takes the loans lock.
@@ -306,7 +306,7 @@ impl<K: Kernel> Handler<'_, K> {
         let (start, end) = Self::lend_span(range, page_addr, own_advice);
         let len = end - start;
         let shared = self.shared;
-        let _reg = shared.reg_lock();
+        let _reg = shared.registration_lock();
         if shared.ranges.find(range.start).is_none_or(|r| r.id != range.id) {
             return false;
         }
@@ -335,7 +335,7 @@ impl<K: Kernel> Handler<'_, K> {
         if own_advice && unsafe { mman::madvise(start, len, mman::MADV_HUGEPAGE) }.is_err() {
             return false;
         }
-        if let Err(e) = self.k.unregister(start, len) {
+        if let Err(e) = self.kernel.unregister(start, len) {
             if own_advice {
                 restore_advice(start, len, &huge);
             }
@@ -408,7 +408,7 @@ impl<K: Kernel> Handler<'_, K> {
             return;
         }
         let now = Instant::now();
-        let _reg = shared.reg_lock();
+        let _reg = shared.registration_lock();
         let mut loans = lending.loans();
         let mut i = 0;
         while i < loans.len() {
@@ -417,7 +417,7 @@ impl<K: Kernel> Handler<'_, K> {
                 continue;
             }
             let loan = loans.swap_remove(i);
-            let back = take_back(shared, self.k, &loan).unwrap_or_else(|e| {
+            let back = take_back(shared, self.kernel, &loan).unwrap_or_else(|e| {
                 self.note_errno(e);
                 false
             });
@@ -447,7 +447,7 @@ impl Shared {
         if !self.lending.any() {
             return;
         }
-        let _reg = self.reg_lock();
+        let _reg = self.registration_lock();
         let mut loans = self.lending.loans();
         let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
         let mut i = 0;
@@ -484,10 +484,10 @@ fn restore_advice(start: usize, len: usize, huge: &[(usize, usize)]) {
     }
 }
 
-/// Registers a loan again through `k`, under `Shared::reg` (which Region::drop takes to forget
+/// Registers a loan again through `kernel`, under `Shared::registration` (which Region::drop takes to forget
 /// its loans): only if nothing else was registered there meanwhile and it is still anonymous
 /// private memory. `Ok(false)`: dropped; `Err`: the registration was refused.
-fn take_back(shared: &Shared, k: &impl Kernel, loan: &Loan) -> Result<bool, crate::sys::raw::Errno> {
+fn take_back(shared: &Shared, kernel: &impl Kernel, loan: &Loan) -> Result<bool, crate::sys::raw::Errno> {
     let (start, len) = (loan.start, loan.len);
     if shared.ranges.any(start, start + len) || !mman::anonymous_private(start, len) {
         return Ok(false);
@@ -509,7 +509,7 @@ fn take_back(shared: &Shared, k: &impl Kernel, loan: &Loan) -> Result<bool, crat
     // SAFETY: anonymous private memory of a live Region (checked just now, under the
     // registration lock), the engine's to serve until the loan: its missing pages read zero,
     // as the engine fills them.
-    if let Err(e) = unsafe { k.register(start, len) } {
+    if let Err(e) = unsafe { kernel.register(start, len) } {
         // Still the kernel's, and still the Region's: back in `left` for its drop, with the
         // advice of the loan (the kernel's faults there take huge pages as they did).
         shared.ranges.remove(&r);
@@ -560,7 +560,7 @@ mod tests {
 
     #[test]
     fn starved_needs_8_short_windows_of_a_pmd_in_a_row_in_one_range_and_enough_threads() {
-        let table = crate::memory::region::RangeTable::default();
+        let table = crate::memory::ranges::RangeTable::default();
         let (r, other) = (
             table.insert(1 << 30, 1 << 18, None),
             table.insert(1 << 31, 1 << 18, None),

@@ -42,12 +42,12 @@ impl<K: Kernel> Handler<'_, K> {
             // page is really there: a zero page refused with EAGAIN (an event pending: the
             // scrub discarding a pool ring, a munmap of the program's) would wake a reader that
             // faults again with no handler left to answer it (seen: Engine::drop hung in CI).
-            let mut p = self.k.zeropage(page_addr, PAGE_SIZE);
+            let mut p = self.kernel.zeropage(page_addr, PAGE_SIZE);
             let mut retries = 0;
             while p.errno == Some(Errno(libc::EAGAIN)) && retries < EVENT_RETRIES {
                 retries += 1;
                 self.drain_events(retries);
-                p = self.k.zeropage(page_addr, PAGE_SIZE);
+                p = self.kernel.zeropage(page_addr, PAGE_SIZE);
             }
             let mapped = matches!(p.errno, None | Some(Errno(libc::EEXIST)));
             self.note(p);

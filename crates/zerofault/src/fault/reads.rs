@@ -59,7 +59,7 @@ impl<K: Kernel> Handler<'_, K> {
             .map(std::mem::take);
         if let Some(s) = slot {
             let mut states = [PageState::Absent; 2];
-            let ok = self.k.page_states(s.first, &mut states[..s.pages]);
+            let ok = self.kernel.page_states(s.first, &mut states[..s.pages]);
             let written = states.iter().filter(|&&p| p == PageState::Own).count() as u64;
             let zero = states.iter().filter(|&&p| p == PageState::ZeroPage).count() as u64;
             if s.pool {
@@ -117,7 +117,7 @@ impl<K: Kernel> Handler<'_, K> {
             let Some(i) = runs.iter().position(|&(f, n)| f <= page && page < f + n) else {
                 continue;
             };
-            let p = self.k.zeropage(s, PAGE_SIZE);
+            let p = self.kernel.zeropage(s, PAGE_SIZE);
             let p = self.note(p);
             if p.done != PAGE_SIZE {
                 continue;

@@ -220,7 +220,7 @@ fn a_write_fault_moves_its_window_from_the_pool_and_the_move_wakes_the_thread() 
     // The next fault where the window ended is a hit: the window grows, the pool is wanted.
     h.fault(page(16), true, 7);
     assert_eq!(k.calls()[1], (Verb::Move, page(16), bytes(64)));
-    assert!(s.streaming.load(Relaxed));
+    assert!(s.pool_may_fill.load(Relaxed));
     assert_eq!(s.ranges.find(BASE).unwrap().map.count(), 80);
 }
 

@@ -6,4 +6,5 @@
 pub(crate) mod nodes;
 pub(crate) mod pagemap;
 pub(crate) mod pmds;
+pub(crate) mod ranges;
 pub(crate) mod region;

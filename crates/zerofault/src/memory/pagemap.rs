@@ -88,7 +88,7 @@ type Leaf = [AtomicU64; index(LEAF_WORDS)];
 
 /// Where the bits live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
+enum Storage {
     /// In `inline`, one bit per page.
     Bits,
     /// In leaves; `inline` is the directory.
@@ -102,8 +102,8 @@ enum Kind {
 /// One bit per page, sparse (see the module documentation).
 pub(crate) struct PageMap {
     pages: u64,
-    kind: Kind,
-    /// Address of the directory mapping (`Kind::Mapped`), else 0.
+    kind: Storage,
+    /// Address of the directory mapping (`Storage::Mapped`), else 0.
     dir: usize,
     /// Bytes of the directory mapping.
     dir_bytes: usize,
@@ -160,9 +160,9 @@ impl PageMap {
         assert!(pages <= INLINE_PAGES, "under loom, only maps whose bits are inline");
         let leaves = pages.div_ceil(LEAF_PAGES);
         let (kind, dir, dir_bytes) = if pages <= INLINE_PAGES {
-            (Kind::Bits, 0, 0)
+            (Storage::Bits, 0, 0)
         } else if leaves <= INLINE_WORDS as u64 {
-            (Kind::Inline, 0, 0)
+            (Storage::Inline, 0, 0)
         } else {
             let bytes = (index(leaves) * 8).next_multiple_of(PAGE_SIZE);
             match mman::map_private(bytes, true) {
@@ -171,9 +171,9 @@ impl PageMap {
                     // one slot written would make 2 MiB resident.
                     // SAFETY: our fresh mapping; advice changes no content.
                     let _ = unsafe { mman::madvise(addr, bytes, mman::MADV_NOHUGEPAGE) };
-                    (Kind::Mapped, addr, bytes)
+                    (Storage::Mapped, addr, bytes)
                 }
-                Err(_) => (Kind::Lost, 0, 0),
+                Err(_) => (Storage::Lost, 0, 0),
             }
         };
         PageMap {
@@ -212,8 +212,8 @@ impl PageMap {
     #[inline]
     fn slot(&self, leaf: u64) -> Option<&AtomicU64> {
         match self.kind {
-            Kind::Inline => Some(&self.inline[index(leaf)]),
-            Kind::Mapped => {
+            Storage::Inline => Some(&self.inline[index(leaf)]),
+            Storage::Mapped => {
                 debug_assert!(index(leaf) < self.dir_bytes / 8);
                 // SAFETY: `dir` is our live read-write mapping of `dir_bytes` bytes, page aligned,
                 // zero-filled by the kernel and written only through atomics, so every slot is a
@@ -221,7 +221,7 @@ impl PageMap {
                 // `dir_bytes / 8`. It is unmapped only in Drop, which holds `&mut self`.
                 Some(unsafe { &*(self.dir as *const AtomicU64).add(index(leaf)) })
             }
-            Kind::Bits | Kind::Lost => None,
+            Storage::Bits | Storage::Lost => None,
         }
     }
 
@@ -276,7 +276,7 @@ impl PageMap {
     /// Word `w` (< the map's words), made if absent and `create`.
     #[inline]
     fn word(&self, w: u64, create: bool) -> Option<&AtomicU64> {
-        if self.kind == Kind::Bits {
+        if self.kind == Storage::Bits {
             return Some(&self.inline[index(w)]);
         }
         self.leaf(w / LEAF_WORDS, create).map(|l| &l[(w % LEAF_WORDS) as usize])
@@ -291,7 +291,7 @@ impl PageMap {
             return;
         }
         let (w_first, w_last) = (first / 64, (end - 1) / 64);
-        if self.kind == Kind::Bits {
+        if self.kind == Storage::Bits {
             op(
                 w_first,
                 w_last - w_first + 1,
@@ -592,7 +592,7 @@ mod tests {
         let t = std::time::Instant::now();
         let pages = 1u64 << 32; // 16 TiB of 4 KiB pages
         let m = PageMap::new(pages);
-        assert_eq!(m.kind, Kind::Mapped);
+        assert_eq!(m.kind, Storage::Mapped);
         let dir = m.metadata_bytes();
         assert_eq!(dir, (pages / LEAF_PAGES * 8) as usize, "1 MiB of directory");
         assert_eq!(m.count(), 0);
@@ -633,7 +633,7 @@ mod tests {
         assert!(s.is_claimed(pages - 1 - first) && !s.is_claimed(pages - 4 - first));
         assert!(s.metadata_bytes() <= dir + 3 * LEAF_BYTES, "{}", s.metadata_bytes());
         let head = m.slice(0, 5);
-        assert_eq!((head.kind, head.count(), head.metadata_bytes()), (Kind::Bits, 3, 0));
+        assert_eq!((head.kind, head.count(), head.metadata_bytes()), (Storage::Bits, 3, 0));
 
         assert!(m.metadata_bytes() + s.metadata_bytes() < 4 << 20);
         drop((m, s));
@@ -717,7 +717,7 @@ mod tests {
         // What PageMap::new makes when the directory cannot be mapped.
         let m = PageMap {
             pages: 1 << 32,
-            kind: Kind::Lost,
+            kind: Storage::Lost,
             dir: 0,
             dir_bytes: 0,
             arena: AtomicUsize::new(0),

@@ -1,5 +1,5 @@
 //! The dirty rings: [`DirtyRing`], recycled pages not yet zeroed, over its lock-free indices
-//! (`DirtyIndex`, with its loom model); what a put did ([`Put`]) and the batches the scrub takes
+//! (`DirtyIndex`, with its loom model); what a put did ([`PutOutcome`]) and the batches the scrub takes
 //! ([`Batch`]). How pages come in and go on is `recycle.rs`'s module docs ("A dirty ring").
 
 use crate::page::{bytes, pages, PMD_PAGES};
@@ -11,9 +11,6 @@ use std::io;
 use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
 use std::time::Instant;
-
-/// Pages the scrub zeroes and moves on in one step: one 2 MiB batch, one fence.
-pub(crate) const BATCH_PAGES: u64 = PMD_PAGES;
 
 /// How long a move is retried after an EAGAIN that moved nothing: an event is pending
 /// (mmap_changing) for the handler to read. It reads it within microseconds when idle, but
@@ -27,7 +24,7 @@ const AGAIN_NAP: std::time::Duration = std::time::Duration::from_micros(50);
 
 /// What [`DirtyRing::put`] did.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Put {
+pub(crate) struct PutOutcome {
     /// Source pages dealt with, from the start: moved, or holes (nothing to move).
     pub(crate) consumed: u64,
     /// Of those, pages moved in.
@@ -59,7 +56,7 @@ struct DirtyIndex {
     head: AtomicU64,
     /// Pages moved in so far (one recycler at a time).
     tail: AtomicU64,
-    /// Per [`BATCH_PAGES`] slots: when a page last came in, on the ring's clock.
+    /// Per [`PMD_PAGES`] slots: when a page last came in, on the ring's clock.
     stamps: Box<[AtomicU64]>,
 }
 
@@ -71,7 +68,7 @@ impl DirtyIndex {
             unit,
             head: AtomicU64::new(0),
             tail: AtomicU64::new(0),
-            stamps: (0..pages.div_ceil(BATCH_PAGES)).map(|_| AtomicU64::new(0)).collect(),
+            stamps: (0..pages.div_ceil(PMD_PAGES)).map(|_| AtomicU64::new(0)).collect(),
         }
     }
 
@@ -101,17 +98,17 @@ impl DirtyIndex {
     /// The recycler filled the slots `[t0, t)`, the last of them at `now`: the scrub may take
     /// them.
     fn publish(&self, t0: u64, t: u64, now: u64) {
-        for i in (t0..t).step_by(crate::page::index(BATCH_PAGES)) {
-            self.stamps[crate::page::index((i % self.pages) / BATCH_PAGES)].store(now, Relaxed);
+        for i in (t0..t).step_by(crate::page::index(PMD_PAGES)) {
+            self.stamps[crate::page::index((i % self.pages) / PMD_PAGES)].store(now, Relaxed);
         }
         if t > t0 {
-            self.stamps[crate::page::index(((t - 1) % self.pages) / BATCH_PAGES)].store(now, Relaxed);
+            self.stamps[crate::page::index(((t - 1) % self.pages) / PMD_PAGES)].store(now, Relaxed);
         }
         // Release: the moves happen before the scrub's Acquire load that sees them.
         self.tail.store(t, Release);
     }
 
-    /// The batch at the head, `(first slot, pages, stamp)`: at most [`BATCH_PAGES`], never
+    /// The batch at the head, `(first slot, pages, stamp)`: at most [`PMD_PAGES`], never
     /// crossing a batch boundary or the ring's end. Its stamp is no older than its pages (the
     /// stamps are stored before `tail`). The scrub alone calls this.
     fn peek(&self) -> Option<(u64, u64, u64)> {
@@ -121,8 +118,8 @@ impl DirtyIndex {
             return None;
         }
         let slot = h % self.pages;
-        let n = (t - h).min(BATCH_PAGES - slot % BATCH_PAGES);
-        let stamp = self.stamps[crate::page::index(slot / BATCH_PAGES)].load(Relaxed);
+        let n = (t - h).min(PMD_PAGES - slot % PMD_PAGES);
+        let stamp = self.stamps[crate::page::index(slot / PMD_PAGES)].load(Relaxed);
         Some((slot, n, stamp))
     }
 
@@ -212,13 +209,13 @@ impl DirtyRing {
     /// # Context
     /// A program thread recycling; takes the ring's put lock (one putter at a time); while an event
     /// is pending (`EAGAIN`) it yields, then naps, at most [`AGAIN_WAIT`].
-    pub(crate) fn put(&self, src: usize, n: u64, mv: &mut dyn FnMut(usize, usize, usize) -> Progress) -> Put {
+    pub(crate) fn put(&self, src: usize, n: u64, mv: &mut dyn FnMut(usize, usize, usize) -> Progress) -> PutOutcome {
         let unit = self.index.unit;
         debug_assert!(n % unit == 0);
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
         let (h, t0) = self.index.begin();
         let mut t = t0;
-        let mut got = Put::default();
+        let mut got = PutOutcome::default();
         'segments: while got.consumed < n {
             let want = self.index.room(h, t, n - got.consumed);
             if want == 0 {
@@ -270,7 +267,7 @@ impl DirtyRing {
         got
     }
 
-    /// The batch at the head: at most [`BATCH_PAGES`], never crossing a batch boundary or the
+    /// The batch at the head: at most [`PMD_PAGES`], never crossing a batch boundary or the
     /// ring's end. The scrub alone calls this.
     ///
     /// # Context

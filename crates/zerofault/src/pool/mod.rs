@@ -62,7 +62,6 @@ mod ring;
 pub(crate) mod scrub;
 mod share;
 pub(crate) mod zero;
-mod zeroer;
 
 use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
 use crate::pool::recycle::{Batch, DirtyRing};
@@ -85,9 +84,6 @@ pub(crate) use ring::{map_ring, Ring};
 pub(crate) fn tried_bit(ix: usize) -> u64 {
     1 << ix.min(63)
 }
-
-/// Pages per 2 MiB chunk of the huge ring.
-pub(crate) const CHUNK_PAGES: u64 = PMD_PAGES;
 
 /// The small ring's share of `pool_max`: a quarter, at least 2 MiB (never more than
 /// `pool_max`). A full window of 2048 pages covers four PMDs, and the one its fault landed in
@@ -285,7 +281,7 @@ impl Pool {
     /// # Context
     /// A handler; atomics only.
     pub(crate) fn note_huge_missed(&self, n: u64) {
-        let cap = (self.limit - self.small_share) / CHUNK_PAGES;
+        let cap = (self.limit - self.small_share) / PMD_PAGES;
         let _ = self
             .huge_missed
             .fetch_update(Relaxed, Relaxed, |m| Some(m.saturating_add(n).min(cap)));
@@ -311,7 +307,7 @@ impl Pool {
     /// # Context
     /// Any thread; atomics only, never sleeps.
     pub(crate) fn unmet_huge_demand(&self) -> u64 {
-        let coming = self.dirty_huge.as_ref().map_or(0, |d| d.pending() / CHUNK_PAGES);
+        let coming = self.dirty_huge.as_ref().map_or(0, |d| d.pending() / PMD_PAGES);
         self.huge_missed.load(Relaxed).saturating_sub(coming)
     }
 
@@ -344,7 +340,7 @@ impl Pool {
     pub(crate) fn wants_trade(&self, margin: u64) -> bool {
         let Some(huge) = &self.huge else { return false };
         self.unmet_huge_demand() > 0
-            && huge.available() + CHUNK_PAGES <= self.share(huge)
+            && huge.available() + PMD_PAGES <= self.share(huge)
             && self.small.available() >= self.small_share + margin
     }
 

@@ -41,7 +41,7 @@ use crate::Shared;
 use std::io;
 use std::sync::atomic::Ordering::*;
 
-pub(crate) use super::dirty::{Batch, DirtyRing, BATCH_PAGES};
+pub(crate) use super::dirty::{Batch, DirtyRing};
 
 /// Source pages a recycle call skips after EBUSY (pages shared with a forked child) before
 /// it leaves the rest of the range to `MADV_DONTNEED`.
@@ -113,13 +113,13 @@ const NODE_QUERY: usize = 64;
 /// Which pool recycled pages go to: the only one, or with a pool per node, the pool of the
 /// node the pages are on (`move_pages` query), so that a pool hands out only its node's pages.
 /// `None`: a page whose node is unknown or has no pool, which is discarded instead.
-struct Homes<'a> {
+struct PoolByNode<'a> {
     shared: &'a Shared,
     /// Several pools: each page's node is asked for.
     per_node: bool,
 }
 
-impl<'a> Homes<'a> {
+impl<'a> PoolByNode<'a> {
     fn of_node(&self, node: i32) -> Option<(usize, &'a Pool)> {
         if !self.per_node {
             return self.shared.pools.first().map(|p| (0, p));
@@ -140,10 +140,10 @@ impl<'a> Homes<'a> {
 }
 
 /// Recycles the pages the engine installed in `[a, b)` of `range`, PMD by PMD, each into the
-/// pool of its node ([`Homes`]). Pages it claimed that are not there (a window still being
+/// pool of its node ([`PoolByNode`]). Pages it claimed that are not there (a window still being
 /// installed when the program gave the range up) count nowhere.
 fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) -> Recycled {
-    let homes = Homes {
+    let homes = PoolByNode {
         shared,
         per_node: shared.numa.is_some() && shared.pools.len() > 1,
     };
@@ -210,7 +210,7 @@ fn recycle_span(u: &Uffd, shared: &Shared, range: &Range, a: usize, b: usize) ->
 /// The thread that gives the memory up (a program thread in `free` or `munmap`, or a
 /// Region's drop); takes the ring's lock.
 fn recycle_huge(
-    homes: &Homes<'_>,
+    homes: &PoolByNode<'_>,
     at: usize,
     huge_closed: &mut u64,
     mv: &mut dyn FnMut(usize, usize, usize) -> Progress,
@@ -251,7 +251,7 @@ fn recycle_huge(
 /// # Context
 /// As [`recycle_huge`].
 fn recycle_run_by_node(
-    homes: &Homes<'_>,
+    homes: &PoolByNode<'_>,
     range: &Range,
     (p0, np): (u64, u64),
     small: &mut Small<'_>,
@@ -304,8 +304,8 @@ struct Small<'s> {
 
 impl Small<'_> {
     /// A stretch of pages bound for `home`'s pool.
-    fn stretch<'b, 'a>(&'b mut self, home: Option<(usize, &'a Pool)>) -> Stretch<'b, 'a> {
-        Stretch {
+    fn stretch<'b, 'a>(&'b mut self, home: Option<(usize, &'a Pool)>) -> NodeRun<'b, 'a> {
+        NodeRun {
             home,
             closed: self.closed,
             busy: self.busy,
@@ -314,13 +314,13 @@ impl Small<'_> {
 }
 
 /// Pages of one node, on their way into its pool's small dirty ring.
-struct Stretch<'s, 'a> {
+struct NodeRun<'s, 'a> {
     home: Option<(usize, &'a Pool)>,
     closed: &'s mut u64,
     busy: &'s mut u32,
 }
 
-impl Stretch<'_, '_> {
+impl NodeRun<'_, '_> {
     /// Moves pages `[p0, p0 + np)` of `range` into the ring while it takes them; the rest is
     /// counted discarded (it goes with the caller's `MADV_DONTNEED`). False when events kept
     /// coming (EAGAIN after the wait): the caller gives up the rest of its run too.

@@ -5,7 +5,6 @@
 
 #[cfg(doc)]
 use super::Pool;
-use super::CHUNK_PAGES;
 use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
 use crate::stats::Stats;
 use crate::sync::AtomicU64;
@@ -13,10 +12,6 @@ use crate::sys::mman;
 use std::io;
 use std::sync::atomic::Ordering::*;
 use std::sync::Mutex;
-
-/// Pages populated per producer step: one PMD, so that consumers see pages appear every PMD
-/// populated instead of after a whole refill.
-pub(crate) const FILL_CHUNK_PAGES: u64 = PMD_PAGES;
 
 /// A contiguous run of ready pages taken from a ring.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,7 +33,7 @@ pub(super) struct CachePadded<T>(pub(super) T);
 pub(crate) struct RingIndex {
     /// Slots in the ring.
     pages: u64,
-    /// Pages per unit of `take`, `untake` and `fill`: 1, or [`CHUNK_PAGES`] when huge.
+    /// Pages per unit of `take`, `untake` and `fill`: 1, or [`PMD_PAGES`] when huge.
     pub(super) unit: u64,
     /// Pages handed out so far (consumers, by CAS).
     pub(super) head: CachePadded<AtomicU64>,
@@ -224,7 +219,7 @@ impl Ring {
         let (base, len) = map_ring(bytes, huge)?;
         Ok(Ring {
             base,
-            index: RingIndex::new(pages(len), if huge { CHUNK_PAGES } else { 1 }),
+            index: RingIndex::new(pages(len), if huge { PMD_PAGES } else { 1 }),
             fill_lock: Mutex::new(()),
             node: None,
             full_at: std::sync::atomic::AtomicU64::new(0),
@@ -391,7 +386,8 @@ impl Ring {
         fill: impl FnOnce(usize, u64) -> Result<u64, E>,
     ) -> Result<u64, E> {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
-        let Some((t, n)) = self.index.fill_begin(max_pages.min(FILL_CHUNK_PAGES)) else {
+        // One PMD a step: consumers see pages appear every PMD populated, not after a refill.
+        let Some((t, n)) = self.index.fill_begin(max_pages.min(PMD_PAGES)) else {
             return Ok(0);
         };
         let addr = self.base + bytes(t % self.index.pages);

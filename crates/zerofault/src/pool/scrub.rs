@@ -12,7 +12,7 @@
 //!    batch freed moments ago ([`HOT`]) while the whole dirty backlog fits in the last-level
 //!    cache is zeroed with `rep stosb` (its lines are likely cached: temporal stores hit
 //!    them); the rest with the cold method, `zero_method` or, for `auto`, the fastest of the
-//!    machine's methods measured on the first cold batches ([`Zeroer`]).
+//!    machine's methods measured on the first cold batches ([`MethodChoice`]).
 //! 2. **Refill**: populating 2 MiB at a time (`MADV_POPULATE_WRITE`: the kernel allocates and
 //!    zeroes) until the pool, with the dirty pages on their way, holds `scrub_stop`. Only once
 //!    a sequential writer was seen (the first predicted write fault) or the pool was prefilled:
@@ -29,13 +29,13 @@
 //!   next timer tick.
 
 use crate::page::{bytes, pages, PMD_PAGES};
-use crate::pool::recycle::{DirtyRing, BATCH_PAGES};
+use crate::pool::recycle::DirtyRing;
 use crate::pool::zero::methods::ZeroMethod;
-use crate::pool::{FillError, Pool, CHUNK_PAGES};
+use crate::pool::{FillError, Pool};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman;
 use crate::sys::raw::Errno;
-use crate::sys::thread;
+use crate::sys::thread::{self, ThreadClock};
 use crate::sys::uffd::Uffd;
 use crate::Shared;
 use std::sync::atomic::Ordering::*;
@@ -43,9 +43,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use super::share::Share;
-pub(crate) use super::zeroer::Zeroer;
+pub(crate) use super::zero::choice::MethodChoice;
 #[cfg(doc)]
-use super::zeroer::HOT;
+use super::zero::choice::HOT;
 
 /// How the handler and the engine talk to the scrub thread.
 #[derive(Debug, Default)]
@@ -89,7 +89,7 @@ fn load_allows(limit: Option<f64>) -> bool {
 
 /// Zeroes the dirty batches and moves them into their clean rings while those have room.
 /// Returns whether it did anything.
-fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::ThreadClock, share: &mut Share) -> bool {
+fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut MethodChoice, clock: &ThreadClock, share: &mut Share) -> bool {
     let stats = &*shared.stats;
     let mut worked = false;
     // The pairs whose clean ring took nothing more this round (see `Pool::next_dirty`).
@@ -108,7 +108,7 @@ fn clean_dirty(shared: &Shared, pool: &Pool, z: &mut Zeroer, clock: &thread::Thr
             return worked;
         };
         if !dirty.is_huge()
-            && b.pages == BATCH_PAGES
+            && b.pages == PMD_PAGES
             && pool.wants_trade(1 << shared.opts.max_order)
             && trade(shared, pool, dirty, b.addr)
         {
@@ -203,8 +203,8 @@ fn trade(shared: &Shared, pool: &Pool, dirty: &DirtyRing, addr: usize) -> bool {
     match huge.fill_step(PMD_PAGES, &shared.stats) {
         Ok(n) if n > 0 => {
             pool.take_huge_missed();
-            purge_batch(dirty, addr, BATCH_PAGES);
-            Stats::add(&shared.stats.pages_purged, BATCH_PAGES);
+            purge_batch(dirty, addr, PMD_PAGES);
+            Stats::add(&shared.stats.pages_purged, PMD_PAGES);
             Stats::add(&shared.stats.huge_traded, 1);
             true
         }
@@ -303,7 +303,7 @@ fn purge(shared: &Shared, pool: &Pool, idle: &mut Idle) {
     for ring in [Some(&pool.small), pool.huge.as_ref()].into_iter().flatten() {
         let keep = u64::try_from(u128::from(stop) * u128::from(pool.share(ring)) / u128::from(cap)).unwrap_or(0);
         let keep = if ring.is_huge_ring() {
-            keep / CHUNK_PAGES * CHUNK_PAGES
+            keep / PMD_PAGES * PMD_PAGES
         } else {
             keep
         };
@@ -361,7 +361,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     probe_tables(&shared, ix, pool);
     let start = pages(shared.opts.scrub_start);
     let stop = pages(shared.opts.scrub_stop);
-    let mut zeroer = Zeroer::new(
+    let mut choice = MethodChoice::new(
         shared.opts.zero_method,
         thread::llc_bytes().unwrap_or(8 << 20),
         &shared.stats,
@@ -400,10 +400,10 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         shrink(&shared, pool, budget);
         if !shared.pool_paused.load(Acquire) {
             shared.scrubs_working.fetch_add(1, Relaxed);
-            clean_dirty(&shared, pool, &mut zeroer, &clock, &mut share);
+            clean_dirty(&shared, pool, &mut choice, &clock, &mut share);
             // Refill when asked, or on a timer tick that finds the pool low (after a load-gated
             // round, or before any handler noticed).
-            if shared.streaming.load(Acquire) && (requested || pool.available() < start) {
+            if shared.pool_may_fill.load(Acquire) && (requested || pool.available() < start) {
                 refill(&shared, pool, stop.min(budget), &clock, &mut share);
             }
             purge(&shared, pool, &mut idle);
@@ -465,7 +465,7 @@ fn shrink(shared: &Shared, pool: &Pool, keep: u64) {
         while held > keep && !stopping(shared) {
             let over = held - keep;
             let want = if ring.is_huge_ring() {
-                over.div_ceil(CHUNK_PAGES) * CHUNK_PAGES
+                over.div_ceil(PMD_PAGES) * PMD_PAGES
             } else {
                 over
             };

@@ -2,6 +2,7 @@
 //! read-only), and the ways the scrub zeroes recycled pages (`methods.rs`, [`ZeroMethod`];
 //! Intel DSA's memory fill in `dsa.rs`).
 
+pub(crate) mod choice;
 pub(crate) mod dsa;
 pub(crate) mod methods;
 pub(crate) mod source;

@@ -1,4 +1,4 @@
-//! The scrub's choice of stores for a dirty batch ([`Zeroer`]): temporal ones for a batch freed
+//! The scrub's choice of stores for a dirty batch ([`MethodChoice`]): temporal ones for a batch freed
 //! moments ago ([`HOT`]) while the dirty backlog fits in the last-level cache, else the cold
 //! method, `zero_method` or, for `auto`, the fastest measured on the first cold batches; and the
 //! stats that say what it measured and chose (see `scrub.rs`'s module docs, step 1).
@@ -17,7 +17,7 @@ const TRIAL_BYTES: u64 = 8 << 20;
 
 /// The method for cold batches: the knob's, or `auto`'s measurement (see the module's docs).
 #[derive(Debug)]
-pub(crate) struct Zeroer {
+pub(crate) struct MethodChoice {
     chosen: Option<ZeroMethod>,
     /// `auto` only: (method, bytes zeroed, CPU time) per available method.
     trials: Vec<(ZeroMethod, u64, Duration)>,
@@ -25,10 +25,10 @@ pub(crate) struct Zeroer {
     llc: usize,
 }
 
-impl Zeroer {
+impl MethodChoice {
     /// # Context
     /// The scrub thread.
-    pub(crate) fn new(knob: Option<ZeroMethod>, llc: usize, stats: &Stats) -> Zeroer {
+    pub(crate) fn new(knob: Option<ZeroMethod>, llc: usize, stats: &Stats) -> MethodChoice {
         let trials = match knob {
             Some(m) => {
                 set_once(&stats.zero_method, code(m));
@@ -40,7 +40,7 @@ impl Zeroer {
                 .map(|m| (m, 0, Duration::ZERO))
                 .collect(),
         };
-        Zeroer {
+        MethodChoice {
             chosen: knob,
             trials,
             llc,
