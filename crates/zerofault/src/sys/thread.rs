@@ -450,7 +450,7 @@ pub(crate) fn gettid() -> u32 {
 /// allocation: engine threads call it).
 pub(crate) fn status_field(name: &str) -> Option<u64> {
     let mut buf = [0u8; 4096];
-    let n = super::numa::read_small(b"/proc/self/status\0", &mut buf)?;
+    let n = super::file::read_small(b"/proc/self/status\0", &mut buf)?;
     let text = std::str::from_utf8(&buf[..n]).ok()?;
     text.lines().find_map(|l| {
         l.strip_prefix(name)?
