@@ -36,6 +36,7 @@
 
 pub(crate) mod alloc;
 pub(crate) mod cgroup;
+pub(crate) mod dsa;
 pub(crate) mod file;
 pub(crate) mod machine;
 pub(crate) mod maps;
