@@ -71,29 +71,28 @@ pub(crate) fn open(path: impl AsRef<OsStr>, flags: libc::c_int) -> io::Result<Fd
 }
 
 impl Fd {
-    /// read(2) into `buf`: the bytes read, 0 at the end. Retries when a signal interrupts it.
+    /// read(2) into `buf`: the bytes read, 0 at the end.
     pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
-            let r = unsafe {
-                raw::call(
-                    libc::SYS_read,
-                    [raw::int_arg(self.0), buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0],
-                )
-            };
-            match r {
-                Err(Errno(libc::EINTR)) => {}
-                r => return Ok(r?),
-            }
-        }
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        let r = unsafe {
+            raw::call(
+                libc::SYS_read,
+                [raw::int_arg(self.0), buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0],
+            )
+        };
+        Ok(r?)
     }
 
     /// The rest of the file as bytes, appended to `out` (the global allocator's `Vec`: in the
-    /// shim, the engine's own).
+    /// shim, the engine's own). A read a signal interrupts is made again, as
+    /// `std::io::Read::read_to_end` does.
     pub(crate) fn read_to_end(&self, out: &mut Vec<u8>) -> io::Result<()> {
         let mut chunk = [0u8; 4096];
         loop {
-            let n = self.read(&mut chunk)?;
+            let n = match self.read(&mut chunk) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => r?,
+            };
             if n == 0 {
                 return Ok(());
             }
