@@ -140,7 +140,7 @@ fn mark_multi_threaded() {
 }
 
 /// Set by an embedder whose engine threads allocate only from the engine's own memory (the
-/// LD_PRELOAD shim: [`crate::sys::alloc::EngineAlloc`] is its global allocator).
+/// LD_PRELOAD shim: [`crate::alloc::EngineAlloc`] is its global allocator).
 static OWN_ALLOCATOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Says that the engine's threads allocate only from the engine's own memory, never with
