@@ -128,8 +128,10 @@
 //! - Knobs (`config/`: [`options`], the table read from `ZEROFAULT_<NAME>`; `kinds.rs`, the
 //!   kinds of values), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
 //!   sizes ([`page`]).
-//! - Every system call: `sys/`, whose contract `sys/mod.rs` states; [`os`] is the part of it an
-//!   embedder living inside another program (the LD_PRELOAD shim) uses.
+//! - Every system call, and every read of /proc, sysfs and /dev: `sys/`, whose contract
+//!   `sys/mod.rs` states; [`os`] is the part of it an embedder living inside another program
+//!   (the LD_PRELOAD shim) uses. The engine's own allocator over raw mmap, the shim's global
+//!   allocator: `alloc.rs`.
 //! - Which thread runs what:
 //!
 //!   | thread | runs | may sleep |
@@ -156,6 +158,7 @@
 #[cfg(not(target_pointer_width = "64"))]
 compile_error!("zerofault serves 64-bit Linux (x86-64, arm64) only");
 
+mod alloc;
 mod config;
 mod engine;
 mod fault;

@@ -3,7 +3,7 @@
 //! and `hierarchical_memory_limit` in `memory.stat` for the ancestors' limits). Read with raw
 //! system calls into buffers on the stack: the scrub thread reads them.
 
-use super::numa::read_small;
+use super::file::read_small;
 
 /// A memory cgroup with a limit: where its files are, and the limit.
 #[derive(Clone, Copy, Debug)]

@@ -7,7 +7,7 @@
 /// and a mapping may have merged with a neighbour of the same flags). For tests and
 /// diagnostics: it reads the whole smaps file.
 pub fn anon_huge_bytes(addr: usize, len: usize) -> usize {
-    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap_or_default();
+    let smaps = super::file::read_to_string("/proc/self/smaps").unwrap_or_default();
     let mut inside = false;
     let mut kb = 0;
     for l in smaps.lines() {
@@ -92,8 +92,7 @@ pub(crate) fn accessible_around(addr: usize) -> Option<(usize, usize)> {
 /// false, reading through a stack buffer: no allocation. A line longer than the buffer is cut
 /// to its first 4 KiB (a /proc/self/maps line is its addresses and flags, then a path).
 pub(crate) fn each_line(path: &str, mut f: impl FnMut(&str) -> bool) -> std::io::Result<()> {
-    use std::io::Read;
-    let mut file = std::fs::File::open(path)?;
+    let file = super::file::open(path, libc::O_RDONLY)?;
     let mut buf = [0u8; 8192];
     let (mut len, mut skipping) = (0, false);
     loop {

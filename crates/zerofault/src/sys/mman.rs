@@ -135,7 +135,7 @@ pub fn map_private(len: usize, noreserve: bool) -> io::Result<usize> {
 /// ENQCMD; the descriptor is closed again (the mapping keeps the queue).
 pub(crate) fn map_portal(path: &str) -> io::Result<usize> {
     use std::os::fd::AsRawFd;
-    let f = std::fs::OpenOptions::new().read(true).write(true).open(path)?;
+    let f = super::file::open(path, libc::O_RDWR)?;
     // SAFETY: a new shared mapping of the device file; no existing memory is affected.
     let r = unsafe {
         raw::call(
@@ -353,7 +353,7 @@ pub fn thp_always() -> bool {
 
 /// One file of /sys/kernel/mm/transparent_hugepage.
 fn thp_setting(file: &str) -> io::Result<String> {
-    std::fs::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{file}"))
+    super::file::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{file}"))
 }
 
 /// An owned anonymous private mapping, unmapped on drop: plain kernel-served memory, for

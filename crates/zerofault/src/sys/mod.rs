@@ -1,10 +1,16 @@
 //! The operating-system seam: every system call of the engine is made below this module.
 //!
 //! The contract, stated once (mimalloc's `prim.h` is the model):
-//! - **No errno, no allocator, no lock of the program's.** Calls go through [`raw`], which
-//!   leaves the program's `errno` alone; nothing here calls the program's malloc (the engine's
-//!   own allocations come from [`alloc`], over raw mmap) or takes a lock the program's
-//!   allocator may hold.
+//! - **No errno, no lock of the program's.** Calls go through [`raw`], which leaves the
+//!   program's `errno` alone, and nothing here takes a lock the program's allocator may hold.
+//!   Every file of /proc, sysfs and /dev the engine reads is opened and read here, through
+//!   [`file`] (one directory listing, the DSA queues', goes through `std::fs::read_dir` at
+//!   start). What an engine thread reads goes into a buffer on its stack
+//!   ([`file::read_small`]); the rest (a few `String`s and `Vec`s, at start and in
+//!   diagnostics) comes from the global allocator, which under the shim is the engine's own
+//!   (`crate::alloc`), never the program's malloc.
+//! - **Nothing of the engine's.** `sys` imports [`crate::page`] and itself, nothing else: what
+//!   a call needs from the engine comes in as a parameter.
 //! - **Failure is a value.** A call returns the kernel's answer: `Err(`[`raw::Errno`]`)`, an
 //!   `io::Error` made from it, or a [`uffd::Progress`] for the ioctls that stop part way. No
 //!   call panics on the kernel's answer, and none retries behind the caller's back.
@@ -30,12 +36,13 @@
 //! - [`sched`]: the calling thread's scheduling class, CPUs, CPU time, run delay, load average.
 //! - [`cgroup`]: the memory cgroup's limit and usage.
 //! - [`machine`]: the machine-wide state's file (found, checked, mapped).
+//! - [`file`]: opening and reading files of /proc, sysfs and /dev.
+//! - [`dsa`]: the Intel DSA work queues sysfs lists.
 //! - [`raw`]: the system call itself, which leaves the program's `errno` alone.
-//! - [`alloc`]: the engine's own allocator over raw mmap ([`alloc::EngineAlloc`]), so that the
-//!   shim's Rust allocations never reach the program's malloc.
 
-pub(crate) mod alloc;
 pub(crate) mod cgroup;
+pub(crate) mod dsa;
+pub(crate) mod file;
 pub(crate) mod machine;
 pub(crate) mod maps;
 pub(crate) mod mman;

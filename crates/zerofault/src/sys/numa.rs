@@ -5,6 +5,7 @@
 //! ([`bind_to_cpus`], the scrub) and the calling thread's own policy ([`thread_policy`]). Raw system calls and stack buffers on every path an
 //! engine thread takes while serving.
 
+use super::file::{self, read_small};
 use super::raw::{self, Errno};
 use std::io;
 use std::path::Path;
@@ -107,7 +108,7 @@ pub(crate) struct Topology {
 }
 
 fn read(root: &Path, rel: &str) -> io::Result<String> {
-    std::fs::read_to_string(root.join(rel))
+    file::read_to_string(root.join(rel))
 }
 
 fn malformed(what: String) -> io::Error {
@@ -342,30 +343,6 @@ pub(crate) fn bind_to_cpus(cpus: &[u32]) -> Result<(), Errno> {
         )
     }
     .map(|_| ())
-}
-
-/// Reads a small file into `buf` with raw system calls (no allocation); the bytes read.
-pub(crate) fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
-    // SAFETY: openat with a NUL-terminated path (the caller's buffer ends in zeros).
-    let fd = unsafe {
-        raw::call(
-            libc::SYS_openat,
-            [
-                raw::int_arg(libc::AT_FDCWD),
-                path.as_ptr() as usize,
-                raw::int_arg(libc::O_RDONLY | libc::O_CLOEXEC),
-                0,
-                0,
-                0,
-            ],
-        )
-    }
-    .ok()?;
-    // SAFETY: read into `buf`, at most its length.
-    let n = unsafe { raw::call(libc::SYS_read, [fd, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0]) };
-    // SAFETY: closes the descriptor opened above, once.
-    let _ = unsafe { raw::call(libc::SYS_close, [fd, 0, 0, 0, 0, 0]) };
-    n.ok()
 }
 
 /// A field of a node's meminfo ("Node 0 MemFree:  123 kB"), in bytes.

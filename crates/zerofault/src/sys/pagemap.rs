@@ -3,13 +3,14 @@
 
 use super::mman::{PAGE_SIZE, PMD_SIZE};
 use super::raw;
+use std::os::fd::AsRawFd;
 
 /// Calls `each(start, len)` for every PMD of `[addr, addr + len)` (clipped to it) where a page
 /// is present or swapped out: where the kernel put a page table or a huge page. Asks the
 /// kernel for the populated runs only (`PAGEMAP_SCAN`, Linux 6.7; this project needs 6.8), so
 /// that a sparse terabyte costs a few calls. `Err` when it fails (then nothing is known).
 pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize, usize)) -> std::io::Result<()> {
-    let f = std::fs::File::open("/proc/self/pagemap")?;
+    let f = super::file::open("/proc/self/pagemap", libc::O_RDONLY)?;
     let end = addr.saturating_add(len);
     // Each PMD once, in address order, though runs may share one.
     let mut last = None;
@@ -30,7 +31,7 @@ pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize
 /// Whether the PMD at `addr` (PMD aligned) is mapped by one huge page (`PAGEMAP_SCAN`'s
 /// `PAGE_IS_HUGE` over all of it).
 pub(crate) fn huge_mapped(addr: usize) -> std::io::Result<bool> {
-    let f = std::fs::File::open("/proc/self/pagemap")?;
+    let f = super::file::open("/proc/self/pagemap", libc::O_RDONLY)?;
     let mut whole = false;
     scan(
         &f,
@@ -52,7 +53,7 @@ const PAGE_IS_HUGE: u64 = 1 << 6;
 /// `PAGEMAP_SCAN` (include/uapi/linux/fs.h): the runs of `[addr, end)` whose pages are present
 /// or swapped, passed to `run(start, end)`.
 pub(crate) fn pagemap_scan(
-    f: &std::fs::File,
+    f: &impl AsRawFd,
     addr: usize,
     end: usize,
     run: &mut impl FnMut(usize, usize),
@@ -80,7 +81,7 @@ pub(crate) enum PageState {
 /// The state of each page of `[addr, addr + bytes(out.len()))` into `out` (`PAGEMAP_SCAN`'s
 /// `PAGE_IS_PFNZERO`: a page table walk, which never faults a page in, so it is safe on memory
 /// the handler serves). `f`: /proc/self/pagemap.
-pub(crate) fn page_states(f: &std::fs::File, addr: usize, out: &mut [PageState]) -> std::io::Result<()> {
+pub(crate) fn page_states(f: &impl AsRawFd, addr: usize, out: &mut [PageState]) -> std::io::Result<()> {
     out.fill(PageState::Absent);
     let end = addr + out.len() * PAGE_SIZE;
     scan(
@@ -105,13 +106,12 @@ pub(crate) fn page_states(f: &std::fs::File, addr: usize, out: &mut [PageState])
 /// `all`, passed to `run(start, end, categories)`, told apart by `also` too (`(anyof, all,
 /// also)`: runs differing only in a category outside the three are one run).
 fn scan(
-    f: &std::fs::File,
+    f: &impl AsRawFd,
     addr: usize,
     end: usize,
     (anyof, all, also): (u64, u64, u64),
     run: &mut impl FnMut(usize, usize, u64),
 ) -> std::io::Result<()> {
-    use std::os::fd::AsRawFd;
     #[repr(C)]
     #[derive(Clone, Copy, Default)]
     struct PageRegion {

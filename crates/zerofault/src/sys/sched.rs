@@ -127,10 +127,10 @@ pub(crate) fn llc_bytes() -> Option<usize> {
     let mut best: Option<(u32, usize)> = None;
     for i in 0..8 {
         let dir = format!("/sys/devices/system/cpu/cpu0/cache/index{i}");
-        let Ok(level) = std::fs::read_to_string(format!("{dir}/level")) else {
+        let Ok(level) = super::file::read_to_string(format!("{dir}/level")) else {
             break;
         };
-        let Ok(size) = std::fs::read_to_string(format!("{dir}/size")) else {
+        let Ok(size) = super::file::read_to_string(format!("{dir}/size")) else {
             continue;
         };
         let (Ok(level), Some(size)) = (level.trim().parse::<u32>(), cache_size(size.trim())) else {
@@ -161,7 +161,7 @@ fn cache_size(s: &str) -> Option<usize> {
 /// number reused for the program's own file.
 pub(crate) fn run_delay() -> Option<u64> {
     let mut buf = [0u8; 128];
-    let n = super::numa::read_small(b"/proc/thread-self/schedstat\0", &mut buf)?;
+    let n = super::file::read_small(b"/proc/thread-self/schedstat\0", &mut buf)?;
     std::str::from_utf8(&buf[..n])
         .ok()?
         .split_whitespace()
@@ -172,7 +172,7 @@ pub(crate) fn run_delay() -> Option<u64> {
 
 /// The 1-minute load average (from /proc/loadavg), if readable.
 pub(crate) fn loadavg_1min() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/loadavg").ok()?;
+    let s = super::file::read_to_string("/proc/loadavg").ok()?;
     s.split_whitespace().next()?.parse().ok()
 }
 

@@ -140,7 +140,7 @@ fn mark_multi_threaded() {
 }
 
 /// Set by an embedder whose engine threads allocate only from the engine's own memory (the
-/// LD_PRELOAD shim: [`crate::sys::alloc::EngineAlloc`] is its global allocator).
+/// LD_PRELOAD shim: [`crate::alloc::EngineAlloc`] is its global allocator).
 static OWN_ALLOCATOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Says that the engine's threads allocate only from the engine's own memory, never with
@@ -450,7 +450,7 @@ pub(crate) fn gettid() -> u32 {
 /// allocation: engine threads call it).
 pub(crate) fn status_field(name: &str) -> Option<u64> {
     let mut buf = [0u8; 4096];
-    let n = super::numa::read_small(b"/proc/self/status\0", &mut buf)?;
+    let n = super::file::read_small(b"/proc/self/status\0", &mut buf)?;
     let text = std::str::from_utf8(&buf[..n]).ok()?;
     text.lines().find_map(|l| {
         l.strip_prefix(name)?

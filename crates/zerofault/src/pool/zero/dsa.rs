@@ -246,25 +246,13 @@ fn find() -> Result<WorkQueue, &'static str> {
         return Err("dsa needs the ENQCMD instruction (CPUID 7.0 ECX bit 29) and an Intel DSA work queue");
     }
     let none = "dsa needs an enabled user-type shared work queue of Intel DSA (idxd: /sys/bus/dsa/devices/wqX.Y, /dev/dsa/wqX.Y); none found";
-    let dir = std::fs::read_dir("/sys/bus/dsa/devices").map_err(|_| none)?;
-    for e in dir.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("wq") {
-            continue;
-        }
-        let attr = |a: &str| std::fs::read_to_string(e.path().join(a)).map(|s| s.trim().to_string());
-        let ok = attr("type").is_ok_and(|t| t == "user")
-            && attr("mode").is_ok_and(|m| m == "shared")
-            && attr("state").is_ok_and(|s| s == "enabled");
-        if !ok {
-            continue;
-        }
-        let max_transfer = attr("max_transfer_size")
-            .ok()
-            .and_then(|s| s.parse::<usize>().ok())
-            .unwrap_or(2 << 20);
-        if let Ok(portal) = crate::sys::mman::map_portal(&format!("/dev/dsa/{name}")) {
-            return Ok(WorkQueue { portal, max_transfer });
+    let queues = crate::sys::dsa::shared_queues().map_err(|_| none)?;
+    for q in queues {
+        if let Ok(portal) = crate::sys::mman::map_portal(&format!("/dev/dsa/{}", q.name)) {
+            return Ok(WorkQueue {
+                portal,
+                max_transfer: q.max_transfer,
+            });
         }
     }
     Err(none)

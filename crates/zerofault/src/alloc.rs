@@ -58,9 +58,9 @@
 //! and release it on both sides, like the shim's arena lock; the shim's `pthread_atfork`
 //! handlers should call them.
 
-use super::mman::{self, PAGE_SIZE};
-use super::raw;
-use super::thread::thread_id;
+use crate::sys::mman::{self, PAGE_SIZE};
+use crate::sys::raw;
+use crate::sys::thread::thread_id;
 use std::alloc::{GlobalAlloc, Layout};
 use std::cell::UnsafeCell;
 use std::ptr;

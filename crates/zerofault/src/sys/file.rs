@@ -1,0 +1,153 @@
+//! Files of /proc, sysfs and /dev, opened and read with raw system calls: open (`O_CLOEXEC`),
+//! read, close. Every file the engine opens goes through here, so that no open or read changes
+//! the program's `errno`; [`read_small`] reads into the caller's buffer without allocating,
+//! for engine threads. The page-table walk (`pagemap.rs`) opens /proc/self/pagemap here and
+//! asks it with an ioctl.
+
+use super::raw::{self, Errno};
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::{AsRawFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+
+/// An open descriptor, closed on drop.
+#[derive(Debug)]
+pub(crate) struct Fd(RawFd);
+
+impl AsRawFd for Fd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.0
+    }
+}
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: the descriptor was opened by `open_cstr` and is closed once, here.
+        let _ = unsafe { raw::call(libc::SYS_close, [raw::int_arg(self.0), 0, 0, 0, 0, 0]) };
+    }
+}
+
+/// openat(2) of a NUL-terminated path, with `O_CLOEXEC` added to `flags`.
+fn open_cstr(path: &[u8], flags: libc::c_int) -> Result<Fd, Errno> {
+    debug_assert_eq!(path.last(), Some(&0));
+    // SAFETY: openat reads the NUL-terminated path; it creates nothing (no O_CREAT).
+    let fd = unsafe {
+        raw::call(
+            libc::SYS_openat,
+            [
+                raw::int_arg(libc::AT_FDCWD),
+                path.as_ptr() as usize,
+                raw::int_arg(flags | libc::O_CLOEXEC),
+                0,
+                0,
+                0,
+            ],
+        )
+    }?;
+    Ok(Fd(raw::fd_of(fd)))
+}
+
+/// Opens the file at `path` with `flags` (`O_RDONLY`, `O_RDWR`; `O_CLOEXEC` is added). A path
+/// with a NUL byte in it is `InvalidInput`, as for `std::fs`.
+pub(crate) fn open(path: impl AsRef<OsStr>, flags: libc::c_int) -> io::Result<Fd> {
+    let bytes = path.as_ref().as_bytes();
+    if bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "file name contained an unexpected NUL byte",
+        ));
+    }
+    let mut stack = [0u8; 256];
+    let fd = if bytes.len() < stack.len() {
+        stack[..bytes.len()].copy_from_slice(bytes);
+        open_cstr(&stack[..=bytes.len()], flags)
+    } else {
+        let mut heap = Vec::with_capacity(bytes.len() + 1);
+        heap.extend_from_slice(bytes);
+        heap.push(0);
+        open_cstr(&heap, flags)
+    };
+    Ok(fd?)
+}
+
+impl Fd {
+    /// read(2) into `buf`: the bytes read, 0 at the end.
+    pub(crate) fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
+        // SAFETY: the kernel writes at most `buf.len()` bytes into `buf`.
+        let r = unsafe {
+            raw::call(
+                libc::SYS_read,
+                [raw::int_arg(self.0), buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0],
+            )
+        };
+        Ok(r?)
+    }
+
+    /// The rest of the file as bytes, appended to `out` (the global allocator's `Vec`: in the
+    /// shim, the engine's own). A read a signal interrupts is made again, as
+    /// `std::io::Read::read_to_end` does.
+    pub(crate) fn read_to_end(&self, out: &mut Vec<u8>) -> io::Result<()> {
+        let mut chunk = [0u8; 4096];
+        loop {
+            let n = match self.read(&mut chunk) {
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                r => r?,
+            };
+            if n == 0 {
+                return Ok(());
+            }
+            out.extend_from_slice(&chunk[..n]);
+        }
+    }
+}
+
+/// The whole file at `path` as text, like `std::fs::read_to_string`: the open's or a read's
+/// errno as an `io::Error`, `InvalidData` when the text is not UTF-8.
+pub(crate) fn read_to_string(path: impl AsRef<OsStr>) -> io::Result<String> {
+    let f = open(path, libc::O_RDONLY)?;
+    let mut bytes = Vec::new();
+    f.read_to_end(&mut bytes)?;
+    String::from_utf8(bytes)
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "stream did not contain valid UTF-8"))
+}
+
+/// Reads a small file into `buf` with raw system calls (no allocation); the bytes read.
+/// `path` ends in a NUL (the caller's buffer ends in zeros). One read: a file longer than
+/// `buf` is cut.
+pub(crate) fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
+    let fd = open_cstr(path, libc::O_RDONLY).ok()?;
+    // SAFETY: read into `buf`, at most its length.
+    let n = unsafe {
+        raw::call(
+            libc::SYS_read,
+            [raw::int_arg(fd.0), buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0],
+        )
+    };
+    n.ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_a_file_whole_and_into_a_buffer_and_reports_errno() {
+        let dir = std::env::temp_dir().join(format!("zerofault-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("text");
+        let text = "line\n".repeat(2000);
+        std::fs::write(&path, &text).unwrap();
+        assert_eq!(read_to_string(&path).unwrap(), text);
+        let mut cpath = path.as_os_str().as_bytes().to_vec();
+        cpath.push(0);
+        let mut buf = [0u8; 8];
+        assert_eq!(read_small(&cpath, &mut buf), Some(8));
+        assert_eq!(&buf, b"line\nlin");
+        std::fs::write(&path, [0xff, 0xfe]).unwrap();
+        assert_eq!(read_to_string(&path).unwrap_err().kind(), io::ErrorKind::InvalidData);
+        let missing = read_to_string(dir.join("missing")).unwrap_err();
+        assert_eq!(missing.raw_os_error(), Some(libc::ENOENT));
+        assert_eq!(read_to_string("a\0b").unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
