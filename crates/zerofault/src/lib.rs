@@ -171,10 +171,6 @@ mod state;
 mod stats;
 mod sync;
 mod sys;
-// Old paths of the modules that moved into folders, kept while other branches merge.
-pub(crate) use fault::grow;
-pub(crate) use memory::nodes;
-pub(crate) use pool::machine;
 #[cfg(test)]
 mod testing;
 

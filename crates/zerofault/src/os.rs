@@ -93,7 +93,7 @@ pub mod thread {
 
 /// The machine-wide state shared with this user's other processes (`pool/machine.rs`).
 pub mod machine {
-    pub use crate::machine::set_runtime_dir;
+    pub use crate::pool::machine::set_runtime_dir;
 }
 
 /// The engine's allocator over raw mmap, and its fork hooks.

@@ -25,7 +25,7 @@ pub(crate) struct Shared {
     pub(crate) features: Features,
     pub(crate) ranges: RangeTable,
     /// The pools: none (no pool, or no `UFFDIO_MOVE`), one for the machine, or one per node
-    /// with memory where there are several (in [`crate::nodes::Nodes::pool_nodes`] order).
+    /// with memory where there are several (in [`crate::memory::nodes::Nodes::pool_nodes`] order).
     pub(crate) pools: Vec<Pool>,
     /// One 2 MiB `MADV_HUGEPAGE` area per handler, where it prepares a huge page when the huge
     /// ring is empty (handlers prepare them in parallel). Empty unless whole PMDs get huge
@@ -63,7 +63,7 @@ pub(crate) struct Shared {
     /// handlers serve on until the process is gone.
     pub(crate) exiting: AtomicBool,
     /// The machine-wide state shared with this user's other processes (alone if refused).
-    pub(crate) machine: crate::machine::Machine,
+    pub(crate) machine: crate::pool::machine::Machine,
     /// Why the machine-wide state was not shared, if it was not (for `--verbose`).
     pub(crate) machine_refused: Option<String>,
     /// One registered page per handler, outside every range, from this address on:
@@ -94,7 +94,7 @@ pub(crate) struct Shared {
     pub(crate) scrubs_working: AtomicUsize,
     /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
     /// done at all). See `memory/nodes.rs` and `Handler::choose_nodes`.
-    pub(crate) numa: Option<crate::nodes::Nodes>,
+    pub(crate) numa: Option<crate::memory::nodes::Nodes>,
     /// How many pages the pools may hold ([`crate::pool::budget`]).
     pub(crate) budget: crate::pool::budget::Budget,
     /// Lending starved ranges to the kernel, and taking them back ([`crate::fault::handback`]).
@@ -122,7 +122,7 @@ pub(crate) struct SharedParts {
     pub(crate) pools: Vec<Pool>,
     pub(crate) zero: ZeroSource,
     pub(crate) stats: StatsHome,
-    pub(crate) machine: crate::machine::Machine,
+    pub(crate) machine: crate::pool::machine::Machine,
     pub(crate) machine_refused: Option<String>,
     pub(crate) thp_disabled: bool,
     pub(crate) doorbell: usize,
@@ -131,7 +131,7 @@ pub(crate) struct SharedParts {
     pub(crate) uffd_identity: Option<FdIdentity>,
     pub(crate) lending: crate::fault::lend::Lending,
     pub(crate) budget: crate::pool::budget::Budget,
-    pub(crate) numa: Option<crate::nodes::Nodes>,
+    pub(crate) numa: Option<crate::memory::nodes::Nodes>,
     pub(crate) opts: Options,
 }
 
@@ -322,9 +322,9 @@ impl Shared {
     pub(crate) fn detached_nodes(
         opts: Options,
         topology: crate::sys::numa::Topology,
-        policy: crate::nodes::Policy,
+        policy: crate::memory::nodes::Policy,
     ) -> Shared {
-        let numa = crate::nodes::Nodes::new(topology, policy);
+        let numa = crate::memory::nodes::Nodes::new(topology, policy);
         let pools = numa
             .pool_nodes()
             .map(|n| {
@@ -374,7 +374,7 @@ impl Shared {
             pools,
             zero: ZeroSource::new().expect("zero source"),
             stats: StatsHome::Own(Box::default()),
-            machine: crate::machine::Machine::alone(),
+            machine: crate::pool::machine::Machine::alone(),
             machine_refused: None,
             thp_disabled: false,
             doorbell: 0,

@@ -288,7 +288,7 @@ counters! {
     /// (`grow_fills`): a populate would make each growth's `mremap` or `mprotect` wait.
     scrub_grow_waits,
     /// Times the scrub put a step off because other processes' scrubs held the CPUs the
-    /// machine-wide state allows scrubs (`crate::machine`).
+    /// machine-wide state allows scrubs (`crate::pool::machine`).
     scrub_machine_waits,
     /// Times a handler did not poll because the machine's stepping scrubs and polling handlers
     /// (every process's) left no CPU beside it.

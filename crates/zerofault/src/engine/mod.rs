@@ -268,7 +268,7 @@ impl Engine {
 
     /// Installs zero pages in the part of `[addr, addr + len)` (whole pages of memory the
     /// engine serves) before its first whole PMD, from the calling thread: copies of the zero
-    /// source (grow.rs says why not pool pages). For the part a block just grew by (the
+    /// source (fault/grow.rs says why not pool pages). For the part a block just grew by (the
     /// shim's `realloc` and `mremap`), which the program writes next: served by faults, a
     /// block grown by 64 KiB steps paid a round trip per step and ran slower than the kernel's
     /// own faults (docs/DESIGN.md, "Blocks that grow in small steps"). Whole PMDs are left to the windows, which give
@@ -284,7 +284,7 @@ impl Engine {
         if !self.is_active() || self.shared.exiting.load(Acquire) || self.shared.pool_paused.load(Acquire) {
             return 0;
         }
-        let Some(installed) = self.fill_claimed(addr, crate::grow::fill_end(addr, len)) else {
+        let Some(installed) = self.fill_claimed(addr, crate::fault::grow::fill_end(addr, len)) else {
             return 0;
         };
         Stats::add(&self.shared.stats.grow_fills, 1);
@@ -303,7 +303,7 @@ impl Engine {
     }
 
     /// Copies zero pages into the pages of `[addr, end)` (clipped to its range) that this call
-    /// claims, from the calling thread ([`crate::grow::fill`]); what does not go in is released
+    /// claims, from the calling thread ([`crate::fault::grow::fill`]); what does not go in is released
     /// and faults as usual. Returns the pages there now of those claimed; `None` when there
     /// was nothing to fill (no served page in the span, or no descriptor).
     fn fill_claimed(&self, addr: usize, end: usize) -> Option<u64> {
@@ -319,7 +319,7 @@ impl Engine {
         let mut installed = 0;
         for (first, n) in runs {
             let dst = r.addr_of(first);
-            let done = crate::grow::fill(&self.shared, u, dst, bytes(n));
+            let done = crate::fault::grow::fill(&self.shared, u, dst, bytes(n));
             // 4 KiB pages went in: their PMD holds a page table now.
             r.pmds.mark_tables(dst, done);
             if done < bytes(n) {
@@ -526,7 +526,7 @@ impl Engine {
     }
 
     /// Whether the machine-wide state is shared with this user's other processes, or why not
-    /// (`crate::machine`).
+    /// (`crate::pool::machine`).
     pub fn machine_state(&self) -> Result<(), String> {
         match &self.shared.machine_refused {
             None if self.shared.machine.is_shared() => Ok(()),

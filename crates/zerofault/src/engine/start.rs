@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex};
 /// of their own. Nodes outside the process's cpuset, or outside its bind or interleave policy
 /// (`numactl --membind`, `--interleave`), take no pool: natively it would hold no memory there.
 /// On one node, no NUMA system call is made.
-fn numa_view() -> Option<crate::nodes::Nodes> {
-    use crate::nodes::Policy;
+fn numa_view() -> Option<crate::memory::nodes::Nodes> {
+    use crate::memory::nodes::Policy;
     use crate::sys::numa;
     let mut t = numa::Topology::read(std::path::Path::new("/sys")).ok()?;
     let with_memory = |t: &numa::Topology| t.nodes.iter().filter(|n| n.mem_total > 0).count();
@@ -45,7 +45,7 @@ fn numa_view() -> Option<crate::nodes::Nodes> {
     for n in t.nodes.iter_mut().filter(|n| !keep(n.id)) {
         n.mem_total = 0;
     }
-    (with_memory(&t) > 1).then(|| crate::nodes::Nodes::new(t, policy))
+    (with_memory(&t) > 1).then(|| crate::memory::nodes::Nodes::new(t, policy))
 }
 
 /// `opts` with the pools bounded by a memory cgroup's limit: an eighth of it at most (no pool
@@ -92,7 +92,7 @@ fn make_pools(
     opts: &Options,
     features: Features,
     huge: bool,
-    numa: &Option<crate::nodes::Nodes>,
+    numa: &Option<crate::memory::nodes::Nodes>,
     recycle: bool,
 ) -> Result<Vec<Pool>, StartError> {
     if !(opts.pool && features.has(Features::MOVE)) {
@@ -143,7 +143,7 @@ fn register_rings(
     pools: Vec<Pool>,
     features: Features,
     huge: bool,
-    numa: &Option<crate::nodes::Nodes>,
+    numa: &Option<crate::memory::nodes::Nodes>,
 ) -> Result<Vec<Pool>, StartError> {
     // Recycled pages move into the rings, which the kernel allows only into ranges
     // registered with the userfaultfd. Registered last, when nothing can fail before the
@@ -193,7 +193,7 @@ impl Engine {
         let handlers = opts.handler_count();
         let doorbell = doorbells(&uffd, handlers)?;
         let huge = opts.pool_thp && mman::thp_available();
-        // Several nodes with memory: a pool per node (see nodes.rs); where a node's pool cannot
+        // Several nodes with memory: a pool per node (see memory/nodes.rs); where a node's pool cannot
         // be bound, one pool as on one node.
         let mut numa = numa_view();
         let pools = match make_pools(&opts, features, huge, &numa, opts.recycle) {
@@ -274,12 +274,12 @@ impl Engine {
 }
 
 /// The machine-wide state (`machine` knob), or alone with the reason.
-fn machine_state(opts: &Options) -> (crate::machine::Machine, Option<String>) {
-    use crate::machine::Machine;
+fn machine_state(opts: &Options) -> (crate::pool::machine::Machine, Option<String>) {
+    use crate::pool::machine::Machine;
     if !opts.machine {
         return (Machine::alone(), Some("the machine knob is off".into()));
     }
-    let dir = crate::machine::runtime_dir();
+    let dir = crate::pool::machine::runtime_dir();
     let cpus = u32::try_from(sys::thread::online_cpus()).unwrap_or(u32::MAX);
     match Machine::open(dir.as_deref(), cpus) {
         Ok(m) => (m, None),

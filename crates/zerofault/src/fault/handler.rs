@@ -225,7 +225,7 @@ const SPIN_AFTER: u32 = 4;
 /// away instead of zeroed). True when a message is pending, or the descriptor
 /// reports an error (the read that follows finds out).
 ///
-/// Other processes' threads are weighed through the machine-wide state (`crate::machine`): the
+/// Other processes' threads are weighed through the machine-wide state (`crate::pool::machine`): the
 /// scrubs stepping and handlers polling of this user's other processes under the shim, with
 /// `busy`, must leave a CPU beside the poll. Other programs' threads are not weighed (that
 /// would take a /proc read); the kernel's scheduler shares a CPU with the poll as with any
@@ -307,7 +307,7 @@ pub(crate) struct Handler<'a, K: Kernel> {
     /// first node of the last fault's choice (see [`Handler::choose_nodes`]).
     pub(crate) preferred: Option<u32>,
     /// With several nodes, the nodes the fault being served takes pool pages from, in order
-    /// ([`crate::nodes::Nodes::order_into`]); under an interleave policy each page's own order
+    /// ([`crate::memory::nodes::Nodes::order_into`]); under an interleave policy each page's own order
     /// is taken instead (`Handler::order_for`).
     pub(crate) order: Vec<u32>,
     /// The interleave policy's nodes, when the fault being served is under one: each page (or

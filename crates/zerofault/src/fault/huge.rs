@@ -15,8 +15,8 @@
 //! slow means memory is fragmented: the handler then copies for a while instead.
 
 use crate::fault::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
+use crate::memory::nodes::RingKind;
 use crate::memory::region::Range;
-use crate::nodes::RingKind;
 use crate::page::{pages, PMD_SIZE};
 use crate::pool::tried_bit;
 use crate::stats::Stats;
@@ -121,7 +121,7 @@ impl<K: Kernel> Handler<'_, K> {
         // Under an interleave policy each huge page has its own node: the staging populate
         // follows the handler's preferred node.
         if let Some(m) = self.interleave {
-            self.prefer_node(crate::nodes::interleave_node(&m, dst, 9));
+            self.prefer_node(crate::memory::nodes::interleave_node(&m, dst, 9));
         }
         let (t0, delay0) = (Instant::now(), crate::sys::thread::run_delay());
         let populated = stage.populate();

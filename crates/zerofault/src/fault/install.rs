@@ -4,8 +4,8 @@
 use super::locate::Located;
 use super::{Filled, Handler, Kernel, Stop, Stopped, EVENT_RETRIES};
 use crate::fault::window::Outcome;
+use crate::memory::nodes::RingKind;
 use crate::memory::region::Range;
-use crate::nodes::RingKind;
 use crate::page::{bytes, pages, PAGE_SIZE, PMD_SIZE};
 use crate::pool::tried_bit;
 use crate::pool::zero::source::ZeroSource;

@@ -2,7 +2,7 @@
 //! order of nodes for the range's policy ([`crate::memory::nodes`]), and the zonelist cache.
 
 use super::{Handler, Kernel};
-use crate::nodes::{Avail, RingKind};
+use crate::memory::nodes::{Avail, RingKind};
 use crate::pool::{tried_bit, Pool, Ring};
 use crate::stats::Stats;
 use crate::Shared;
@@ -28,7 +28,7 @@ pub(crate) struct Source<'a> {
 
 impl<'a, K: Kernel> Handler<'a, K> {
     /// With several NUMA nodes, works out where the pages of the fault at `addr` by thread
-    /// `tid` come from, in the kernel's order (`nodes.rs`): the policy of the mapping
+    /// `tid` come from, in the kernel's order (`memory/nodes.rs`): the policy of the mapping
     /// (`get_mempolicy` on the address, cheap: read on every fault, so that a policy
     /// set by any means, a raw `mbind` system call too, is seen at once), else the policy the
     /// handler inherited from the thread that started the engine; and for the local policy the
@@ -59,14 +59,14 @@ impl<'a, K: Kernel> Handler<'a, K> {
         let local = local.or_else(|| n.pool_nodes().next()).unwrap_or(0);
         let policy = match crate::sys::numa::policy_of(addr) {
             Ok((crate::sys::numa::MPOL_DEFAULT, _)) | Err(_) => n.policy,
-            Ok((mode, mask)) => crate::nodes::Policy::from_mode(mode, mask).unwrap_or(n.policy),
+            Ok((mode, mask)) => crate::memory::nodes::Policy::from_mode(mode, mask).unwrap_or(n.policy),
         };
         n.order_into(policy, local, &mut self.order);
         self.interleave = None;
         let first = match policy {
-            crate::nodes::Policy::Interleave(m) if !m.is_empty() => {
+            crate::memory::nodes::Policy::Interleave(m) if !m.is_empty() => {
                 self.interleave = Some(m);
-                crate::nodes::interleave_node(&m, addr, 9)
+                crate::memory::nodes::interleave_node(&m, addr, 9)
             }
             _ => self.order.first().copied(),
         };
@@ -100,7 +100,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
         match self.interleave {
             Some(m) => {
                 let order = if kind == RingKind::Huge { 9 } else { 0 };
-                match crate::nodes::interleave_node(&m, addr, order) {
+                match crate::memory::nodes::interleave_node(&m, addr, order) {
                     Some(first) => (n.near(first), true),
                     None => (&self.order, false),
                 }

@@ -792,7 +792,7 @@ fn a_window_ahead_after_the_wake_moves_huge_pages_in_address_order_and_yields_to
 /// Two nodes (a fake tree: they need not exist here), a 4 KiB pool of 16 MiB each, with
 /// `small` pages ready in each, and a range of `pages` pages at [`BASE`]. Nothing is handed
 /// back: the tests fault far apart on purpose, which reads as random access.
-fn two_nodes(name: &str, policy: crate::nodes::Policy, pages: u64, small: u64) -> Shared {
+fn two_nodes(name: &str, policy: crate::memory::nodes::Policy, pages: u64, small: u64) -> Shared {
     let root =
         crate::sys::numa::tests::fake_tree(name, "0-1", &[(0, "0", 1 << 20, "10 20"), (1, "1", 1 << 20, "20 10")]);
     let t = crate::sys::numa::Topology::read(&root).unwrap();
@@ -814,7 +814,7 @@ const NO_SUCH_THREAD: u32 = u32::MAX - 1;
 
 #[test]
 fn with_two_nodes_a_fault_takes_its_nodes_pool_and_the_next_only_when_its_node_is_full() {
-    let s = two_nodes("pool-choice", crate::nodes::Policy::Local, 1 << 16, 256);
+    let s = two_nodes("pool-choice", crate::memory::nodes::Policy::Local, 1 << 16, 256);
     let (p0, p1) = (&s.pools[0], &s.pools[1]);
     let k = Fake::new();
     let mut h = Handler::new(&s, &k);
@@ -866,7 +866,7 @@ fn with_two_nodes_a_fault_takes_its_nodes_pool_and_the_next_only_when_its_node_i
 
 #[test]
 fn with_two_nodes_an_interleaved_window_alternates_its_pages_between_the_pools() {
-    let il = crate::nodes::Policy::Interleave(crate::sys::numa::NodeMask::of([0, 1]));
+    let il = crate::memory::nodes::Policy::Interleave(crate::sys::numa::NodeMask::of([0, 1]));
     let s = two_nodes("interleave", il, 1 << 16, 64);
     let k = Fake::new();
     let mut h = Handler::new(&s, &k);

@@ -183,7 +183,7 @@ pub(crate) struct Ring {
 /// How long a ring's node counts as full after a populate found it so, unless a later one
 /// says otherwise: after that the handlers try the node again (their copies and huge pages go
 /// where the kernel puts them) and the scrub's next populate looks again.
-pub(crate) const NODE_FULL_TTL_NS: u64 = crate::nodes::ZAP_NS;
+pub(crate) const NODE_FULL_TTL_NS: u64 = crate::memory::nodes::ZAP_NS;
 
 /// Reserves a ring's area, clean or dirty: `bytes` rounded up to 2 MiB, 2 MiB aligned,
 /// `MADV_HUGEPAGE` when `huge` (else `MADV_NOHUGEPAGE`) and `MADV_DONTFORK` (a forked child has
@@ -231,9 +231,9 @@ impl Ring {
     /// # Context
     /// Any thread; atomics only, never sleeps.
     pub(crate) fn node_full(&self) -> bool {
-        use crate::nodes::Clock;
+        use crate::memory::nodes::Clock;
         let at = self.full_at.load(Acquire);
-        at != 0 && crate::nodes::Monotonic.now_ns().saturating_sub(at) < NODE_FULL_TTL_NS
+        at != 0 && crate::memory::nodes::Monotonic.now_ns().saturating_sub(at) < NODE_FULL_TTL_NS
     }
 
     /// Records that a populate found the node full (or had no memory).
@@ -241,8 +241,9 @@ impl Ring {
     /// # Context
     /// The ring's producer (the scrub or a prefill), under the fill lock.
     pub(crate) fn mark_node_full(&self) {
-        use crate::nodes::Clock;
-        self.full_at.store(crate::nodes::Monotonic.now_ns().max(1), Release);
+        use crate::memory::nodes::Clock;
+        self.full_at
+            .store(crate::memory::nodes::Monotonic.now_ns().max(1), Release);
     }
 
     /// Binds the ring's area to `node` (preferred: where the node is full, the kernel takes

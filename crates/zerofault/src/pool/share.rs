@@ -2,7 +2,7 @@
 //! scheduling (its CPU time and its wait for a CPU) and the machine-wide state of other
 //! processes' scrubs, and how long it rests when not (see `scrub.rs`'s module docs).
 
-use crate::machine::Machine;
+use crate::pool::machine::Machine;
 use crate::stats::{nanos, Stats};
 use crate::sys::thread;
 use std::time::{Duration, Instant};

@@ -1,10 +1,10 @@
 //! The machine-wide state's file: one page, shared by every process of this user under the
-//! shim (`crate::machine` says what it holds and why). Here: where it is, and opening it only
+//! shim (`crate::pool::machine` says what it holds and why). Here: where it is, and opening it only
 //! when it is safe to trust.
 //!
 //! The file is `$XDG_RUNTIME_DIR/zerofault-2.machine` when that directory is set, is ours and
 //! is closed to others (mode 0700, the systemd user runtime directory), else
-//! `/dev/shm/zerofault-<euid>-2.machine`. The 2 is the layout's version (`crate::machine`'s
+//! `/dev/shm/zerofault-<euid>-2.machine`. The 2 is the layout's version (`crate::pool::machine`'s
 //! header): engines of another version use another file, and neither locks the other out. It is opened without following a symbolic link and
 //! used only if it is a regular file owned by this effective user, with no permission for
 //! group or others, of exactly one page; a file just made is given that size and its header.
