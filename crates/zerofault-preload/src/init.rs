@@ -128,13 +128,7 @@ fn init_options() {
     // The engine's threads here allocate from the engine's own memory (lib.rs's global
     // allocator), never with glibc's malloc.
     engine::os::thread::own_allocator();
-    if let Err(why) = engine::os::thread::prepare() {
-        if opts.stats == StatsOut::Text || opts.verbose {
-            say(&format!("zerofault: {why}; running without the engine"));
-        }
-        STATE.store(OFF, Release);
-        return;
-    }
+    engine::os::thread::prepare();
     open_report(&opts.stats);
     THRESHOLD.store(opts.preload_threshold.max(PAGE_SIZE), Release);
     let _ = OPTIONS.set(opts);

@@ -177,7 +177,7 @@ mod testing;
 pub use engine::{in_engine_thread, probe, Engine, MapError, NodePool, RecycleError, StartError};
 pub use memory::region::{Recycled, Region};
 pub use options::{OptionError, Options, StatsOut};
-pub use pool::zero::{is_zero, ZeroMethod};
+pub use pool::zero::{is_zero, Unavailable, ZeroMethod};
 pub(crate) use state::Shared;
 pub use stats::{Snapshot, Stats};
 pub use sys::uffd::{Features, UffdError};

@@ -537,7 +537,10 @@ mod tests {
                 (Ok(_), r) => assert_eq!(r.unwrap().zero_method, Some(m)),
                 (Err(why), r) => {
                     let e = r.unwrap_err().to_string();
-                    assert!(e.starts_with("ZEROFAULT_ZERO_METHOD=") && e.contains(why), "{e}");
+                    assert!(
+                        e.starts_with("ZEROFAULT_ZERO_METHOD=") && e.contains(&why.to_string()),
+                        "{e}"
+                    );
                     assert!(e.contains("it accepts auto, kernel") && !e.contains('\n'), "{e}");
                 }
             }

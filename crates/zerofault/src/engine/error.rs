@@ -16,8 +16,6 @@ pub enum StartError {
     Uffd(UffdError),
     /// The system page size is not the 4 KiB the engine serves.
     PageSize(usize),
-    /// The thread-local storage layout the engine's threads copy could not be read.
-    ThreadLayout(&'static str),
     /// Mapping the handlers' doorbell pages failed.
     Doorbells(io::Error),
     /// Registering the doorbell pages with the userfaultfd failed.
@@ -38,7 +36,6 @@ impl fmt::Display for StartError {
             StartError::Options(e) => write!(f, "{e}"),
             StartError::Uffd(e) => write!(f, "{e}"),
             StartError::PageSize(p) => write!(f, "the page size is {p} bytes; zerofault serves 4096-byte pages"),
-            StartError::ThreadLayout(why) => write!(f, "failed to start an engine thread: {why}"),
             StartError::Doorbells(e) => write!(f, "failed to map the handlers' doorbells: {e}"),
             StartError::RegisterDoorbells(e) => {
                 write!(

@@ -187,7 +187,7 @@ impl Engine {
         if page != PAGE_SIZE {
             return Err(StartError::PageSize(page));
         }
-        sys::thread::prepare().map_err(StartError::ThreadLayout)?;
+        sys::thread::prepare();
         let uffd = Uffd::open().map_err(StartError::Uffd)?;
         let features = uffd.features();
         let handlers = opts.handler_count();

@@ -303,10 +303,7 @@ impl Drop for Blocked {
 
 #[cfg(target_arch = "x86_64")]
 fn spawn_impl(start: Start) -> io::Result<EngineThread> {
-    let layout = match LAYOUT.get_or_init(read_layout) {
-        Ok(l) => l,
-        Err(why) => return Err(io::Error::other(*why)),
-    };
+    let layout = LAYOUT.get_or_init(read_layout);
     let tls = layout.below.next_multiple_of(layout.align);
     let dtv_bytes = (DTV_SLOTS + 2) * 16;
     let len =

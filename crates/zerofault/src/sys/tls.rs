@@ -54,17 +54,17 @@ impl TlsLayout {
     }
 }
 
-pub(super) static LAYOUT: OnceLock<Result<TlsLayout, &'static str>> = OnceLock::new();
+pub(super) static LAYOUT: OnceLock<TlsLayout> = OnceLock::new();
 
 /// Reads the static TLS layout of the process. Call it where the dynamic loader's lock is
 /// safe to take (not from inside another allocator's hook): the shim's constructor does.
 /// Cheap after the first call.
-pub fn prepare() -> Result<(), &'static str> {
-    LAYOUT.get_or_init(read_layout).as_ref().map(|_| ()).map_err(|e| *e)
+pub fn prepare() {
+    LAYOUT.get_or_init(read_layout);
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) fn read_layout() -> Result<TlsLayout, &'static str> {
+pub(super) fn read_layout() -> TlsLayout {
     type StaticInfo = unsafe extern "C" fn(*mut usize, *mut usize);
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name; null when absent.
     let f = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"_dl_get_tls_static_info".as_ptr()) };
@@ -136,18 +136,18 @@ pub(super) fn read_layout() -> Result<TlsLayout, &'static str> {
     }
     l.dynamic = k - l.n;
     l.modules = ordered;
-    Ok(l)
+    l
 }
 
 #[cfg(not(target_arch = "x86_64"))]
-pub(super) fn read_layout() -> Result<TlsLayout, &'static str> {
-    Ok(TlsLayout {
+pub(super) fn read_layout() -> TlsLayout {
+    TlsLayout {
         below: 0,
         align: 64,
         n: 0,
         dynamic: 0,
         modules: [TlsModule::default(); MAX_MODULES],
-    })
+    }
 }
 
 /// Fills a new engine thread's TLS, DTV and thread control block (at thread pointer `tp`, the

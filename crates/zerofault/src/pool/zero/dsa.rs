@@ -11,6 +11,7 @@
 //! sysfs discovery have only met machines without a device (where the method is refused
 //! with one line naming what is missing).
 
+use crate::pool::zero::methods::Unavailable;
 use std::sync::atomic::{compiler_fence, Ordering::SeqCst};
 
 /// `DSA_OPCODE_MEMFILL`.
@@ -236,17 +237,16 @@ impl Portal for WorkQueue {
 ///
 /// # Context
 /// Any thread, once (then cached): reads sysfs and maps the portal.
-pub(crate) fn queue() -> Result<&'static WorkQueue, &'static str> {
-    static Q: std::sync::OnceLock<Result<WorkQueue, &'static str>> = std::sync::OnceLock::new();
+pub(crate) fn queue() -> Result<&'static WorkQueue, Unavailable> {
+    static Q: std::sync::OnceLock<Result<WorkQueue, Unavailable>> = std::sync::OnceLock::new();
     Q.get_or_init(find).as_ref().map_err(|e| *e)
 }
 
-fn find() -> Result<WorkQueue, &'static str> {
+fn find() -> Result<WorkQueue, Unavailable> {
     if !has_enqcmd() {
-        return Err("dsa needs the ENQCMD instruction (CPUID 7.0 ECX bit 29) and an Intel DSA work queue");
+        return Err(Unavailable::NoEnqcmd);
     }
-    let none = "dsa needs an enabled user-type shared work queue of Intel DSA (idxd: /sys/bus/dsa/devices/wqX.Y, /dev/dsa/wqX.Y); none found";
-    let queues = crate::sys::dsa::shared_queues().map_err(|_| none)?;
+    let queues = crate::sys::dsa::shared_queues().map_err(|_| Unavailable::NoWorkQueue)?;
     for q in queues {
         if let Ok(portal) = crate::sys::mman::map_portal(&format!("/dev/dsa/{}", q.name)) {
             return Ok(WorkQueue {
@@ -255,7 +255,7 @@ fn find() -> Result<WorkQueue, &'static str> {
             });
         }
     }
-    Err(none)
+    Err(Unavailable::NoWorkQueue)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -438,6 +438,7 @@ mod tests {
     #[test]
     fn without_a_device_the_method_says_what_is_missing() {
         if let Err(why) = queue() {
+            let why = why.to_string();
             assert!(why.starts_with("dsa needs ") && !why.contains('\n'), "{why}");
         }
     }

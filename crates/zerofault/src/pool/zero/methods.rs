@@ -16,7 +16,38 @@
 
 pub use crate::options::ZeroMethod;
 use crate::sys::mman;
-use std::io;
+use std::{fmt, io};
+
+/// What a zeroing method this machine lacks is missing ([`ZeroMethod::available`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unavailable {
+    /// `clzero`: the CPU has no CLZERO instruction.
+    NoClzero,
+    /// `dsa`: the CPU has no ENQCMD instruction.
+    NoEnqcmd,
+    /// `dsa`: no enabled user-type shared work queue of Intel DSA.
+    NoWorkQueue,
+    /// The method's stores are x86-64's, and this is not x86-64.
+    NotX86(ZeroMethod),
+}
+
+impl fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Unavailable::NoClzero => "clzero needs the CLZERO instruction (AMD; CPUID 0x80000008 EBX bit 0)",
+            Unavailable::NoEnqcmd => {
+                "dsa needs the ENQCMD instruction (CPUID 7.0 ECX bit 29) and an Intel DSA work queue"
+            }
+            Unavailable::NoWorkQueue => "dsa needs an enabled user-type shared work queue of Intel DSA (idxd: /sys/bus/dsa/devices/wqX.Y, /dev/dsa/wqX.Y); none found",
+            Unavailable::NotX86(ZeroMethod::Stosb) => "stosb needs x86-64",
+            Unavailable::NotX86(ZeroMethod::Nt) => "nt needs x86-64 (SSE2/AVX2/AVX-512 non-temporal stores)",
+            Unavailable::NotX86(ZeroMethod::Dsa) => "dsa needs x86-64 with Intel DSA",
+            Unavailable::NotX86(_) => "clzero needs x86-64 with CLZERO (AMD)",
+        })
+    }
+}
+
+impl std::error::Error for Unavailable {}
 
 /// Whether this machine has each method, and how each zeroes ([`ZeroMethod`] is the
 /// `zero_method` knob's value: `options.rs`).
@@ -25,7 +56,7 @@ impl ZeroMethod {
     ///
     /// # Context
     /// Any thread; atomics only, never sleeps.
-    pub fn available(self) -> Result<&'static str, &'static str> {
+    pub fn available(self) -> Result<&'static str, Unavailable> {
         #[cfg(target_arch = "x86_64")]
         {
             match self {
@@ -35,19 +66,14 @@ impl ZeroMethod {
                 ZeroMethod::Nt if std::arch::is_x86_feature_detected!("avx2") => Ok("avx2"),
                 ZeroMethod::Nt => Ok("sse2"),
                 ZeroMethod::Clzero if has_clzero() => Ok("clzero"),
-                ZeroMethod::Clzero => Err("clzero needs the CLZERO instruction (AMD; CPUID 0x80000008 EBX bit 0)"),
+                ZeroMethod::Clzero => Err(Unavailable::NoClzero),
                 ZeroMethod::Dsa => crate::pool::zero::dsa::queue().map(|_| "idxd shared work queue"),
             }
         }
         #[cfg(not(target_arch = "x86_64"))]
         match self {
             ZeroMethod::Kernel => Ok("MADV_DONTNEED + MADV_POPULATE_WRITE"),
-            m => Err(match m {
-                ZeroMethod::Stosb => "stosb needs x86-64",
-                ZeroMethod::Nt => "nt needs x86-64 (SSE2/AVX2/AVX-512 non-temporal stores)",
-                ZeroMethod::Dsa => "dsa needs x86-64 with Intel DSA",
-                _ => "clzero needs x86-64 with CLZERO (AMD)",
-            }),
+            m => Err(Unavailable::NotX86(m)),
         }
     }
 
@@ -226,7 +252,10 @@ mod tests {
                     );
                     used += 1;
                 }
-                Err(why) => assert!(why.starts_with(method.name()) && !why.contains('\n'), "{why}"),
+                Err(why) => {
+                    let why = why.to_string();
+                    assert!(why.starts_with(method.name()) && !why.contains('\n'), "{why}")
+                }
             }
         }
         assert!(used >= 1);

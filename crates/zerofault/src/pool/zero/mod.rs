@@ -7,5 +7,5 @@ pub(crate) mod dsa;
 pub(crate) mod methods;
 pub(crate) mod source;
 
-pub use methods::ZeroMethod;
+pub use methods::{Unavailable, ZeroMethod};
 pub use source::is_zero;
