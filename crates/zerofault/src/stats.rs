@@ -224,8 +224,8 @@ counters! {
     /// Times the handler failed open on an errno no install expects (then the kernel serves
     /// every fault).
     fail_opens,
-    /// The errno of that failure (0 if none; one failure per engine, added up across the
-    /// engines that share these counters).
+    /// The errno of the first such failure (0 if none; with several engines sharing these
+    /// counters, the first engine's).
     [max] fail_open_errno,
     /// Times the engine handed every fault to the kernel for good because the process came
     /// under a tracer (a debugger attached: it reads and writes memory the kernel must fill) or
@@ -328,6 +328,13 @@ impl Stats {
     #[inline]
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
+    }
+
+    /// Records a figure that is not a sum (a `[max]` counter: a code, a measurement, an
+    /// errno): the first to record one sets it, later ones leave it.
+    #[inline]
+    pub(crate) fn set_once(counter: &AtomicU64, v: u64) {
+        let _ = counter.compare_exchange(0, v, Relaxed, Relaxed);
     }
 }
 

@@ -119,7 +119,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     }
     if let Some(e) = h.fatal {
         Stats::add(&shared.stats.fail_opens, 1);
-        Stats::add(&shared.stats.fail_open_errno, u64::from(e.0.unsigned_abs()));
+        Stats::set_once(&shared.stats.fail_open_errno, u64::from(e.0.unsigned_abs()));
     }
     let now = idle.clock.read();
     Stats::add(&shared.stats.handler_cpu_ns, nanos(now.saturating_sub(idle.counted)));

@@ -5,7 +5,6 @@
 
 use crate::pool::zero::methods::ZeroMethod;
 use crate::stats::Stats;
-use std::sync::atomic::Ordering::*;
 use std::time::Duration;
 
 /// A batch freed this recently is hot (seed 003: "moments ago"): its lines may still be in
@@ -31,7 +30,7 @@ impl MethodChoice {
     pub(crate) fn new(knob: Option<ZeroMethod>, llc: usize, stats: &Stats) -> MethodChoice {
         let trials = match knob {
             Some(m) => {
-                set_once(&stats.zero_method, code(m));
+                Stats::set_once(&stats.zero_method, code(m));
                 vec![]
             }
             None => ZeroMethod::ALL
@@ -80,7 +79,7 @@ impl MethodChoice {
         for t in &self.trials {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, reason = "MB/s, small")]
             let v = mbps(t) as u64;
-            set_once(
+            Stats::set_once(
                 match t.0 {
                     ZeroMethod::Kernel => &stats.zero_mbps_kernel,
                     ZeroMethod::Stosb => &stats.zero_mbps_stosb,
@@ -96,7 +95,7 @@ impl MethodChoice {
             .iter()
             .max_by(|a, b| mbps(a).total_cmp(&mbps(b)))
             .map_or(ZeroMethod::Stosb, |t| t.0);
-        set_once(&stats.zero_method, code(best));
+        Stats::set_once(&stats.zero_method, code(best));
         self.chosen = Some(best);
     }
 
@@ -107,12 +106,6 @@ impl MethodChoice {
     pub(crate) fn is_hot(&self, age: Duration, backlog: usize) -> bool {
         age < HOT && backlog <= self.llc
     }
-}
-
-/// Records a measurement or a choice that is one figure, not a sum: the first scrub thread to
-/// make it sets it (with a pool per node, each node's scrub measures and chooses alike).
-fn set_once(counter: &std::sync::atomic::AtomicU64, v: u64) {
-    let _ = counter.compare_exchange(0, v, Relaxed, Relaxed);
 }
 
 /// The `zero_method` counter's code of a method.
