@@ -14,6 +14,9 @@ impl Engine {
     /// copied, its userfaultfd serves the parent's memory). Closes the child's copy of the
     /// descriptor, so that the parent failing open is never held up by it, and forgets the
     /// rest without touching the threads or any lock they may have held at the fork.
+    ///
+    /// # Context
+    /// The child of a fork, in the shim's at-fork handler: one thread, atomics and one close(2).
     pub fn forget_after_fork(self) {
         self.close_after_fork();
         std::mem::forget(self);
@@ -22,6 +25,9 @@ impl Engine {
     /// The descriptor half of [`Engine::forget_after_fork`], for a fork handler that holds the
     /// engine by reference and leaks it itself: only atomics and one close(2), so it is safe
     /// in the child of a multi-threaded fork.
+    ///
+    /// # Context
+    /// The child of a fork, in the shim's at-fork handler: one thread, atomics and one close(2).
     pub fn close_after_fork(&self) {
         // No lock is touched: the parent's handlers hold read guards for their whole lives,
         // and a fail-open may have been waiting for the write lock at the fork. The number is
@@ -36,6 +42,9 @@ impl Engine {
     }
     /// Every mapping the engine made for itself (pool rings, staging area, zero source,
     /// doorbell, thread stacks), as (address, length).
+    ///
+    /// # Context
+    /// Any thread; takes the threads' lock.
     pub fn own_mappings(&self) -> Vec<(usize, usize)> {
         let bells = self.shared.message_seq.len() * PAGE_SIZE;
         let mut v = vec![(self.shared.doorbell, bells), self.shared.zero.area()];
@@ -52,6 +61,10 @@ impl Engine {
     /// (pool rings, staging area) become `PROT_NONE`, which mlockall never populates, so that it
     /// does not fill them with locked zero pages. Until [`Engine::after_mlockall`] the handler
     /// copies instead of moving.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes every pool's work lock (waits for a
+    /// scrub's step to end), then `mprotect`s.
     pub fn before_mlockall(&self) {
         // Between two steps of the scrub, which leaves protected rings alone (it writes the
         // dirty ones).
@@ -75,6 +88,10 @@ impl Engine {
 
     /// After the program's `mlockall`: unlocks every engine mapping (they are not the
     /// program's memory) and gives the reservations their protection back.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes every pool's work lock, then
+    /// `munlock`s and `mprotect`s.
     pub fn after_mlockall(&self) {
         for (a, l) in self.own_mappings() {
             let _ = mman::munlock(a, l);
@@ -98,6 +115,9 @@ impl Engine {
     /// For a program under `mlockall(MCL_FUTURE)`: its new memory is locked, and the kernel
     /// moves no page between a locked and an unlocked mapping, so pool pages could only be
     /// copied; keeping them would be memory populated for nothing.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes every pool's work lock to empty it.
     pub fn pause_pool(&self, paused: bool) {
         self.shared.pool_paused.store(paused, Release);
         for p in &self.shared.pools {
@@ -113,6 +133,9 @@ impl Engine {
     /// work lock (as a scrub the scheduler never runs would), or lets them go on (`false`).
     /// Returns whether every scrub thread is parked (waits at most 5 s), or, for `false`,
     /// true at once. The fault path must make progress all the while (rule 7).
+    ///
+    /// # Context
+    /// A test's thread; sleeps up to 5 s waiting for the scrubs to park.
     #[doc(hidden)]
     pub fn park_scrub(&self, parked: bool) -> bool {
         self.shared.scrub_parked.store(parked, Release);

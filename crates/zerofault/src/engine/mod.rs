@@ -61,11 +61,17 @@ struct Threads {
 /// Whether the calling thread is one of an engine's own (fault handler, scrub). An LD_PRELOAD
 /// shim passes their allocations and mappings straight to the system: they serve faults and
 /// must never wait on one. No thread-local is read (a registry of thread pointers in `sys/thread.rs`).
+///
+/// # Context
+/// Any thread; reads the engine threads' registry, no lock.
 pub fn in_engine_thread() -> bool {
     sys::thread::is_engine_thread()
 }
 
 /// Whether this process can open a userfaultfd, and with which features.
+///
+/// # Context
+/// Any thread; opens and closes a userfaultfd.
 pub fn probe() -> Result<Features, UffdError> {
     Uffd::open().map(|u| u.features())
 }
@@ -98,6 +104,10 @@ impl Engine {
     /// moves huge pages into its whole PMDs.
     ///
     /// With the engine failed open, returns plain memory that the kernel serves.
+    ///
+    /// # Context
+    /// A program thread; maps memory, then takes the registration lock and the range table's write
+    /// lock; the register ioctl may sleep on the mmap lock.
     pub fn map(&self, len: usize) -> Result<Region, MapError> {
         let len = len.max(1).next_multiple_of(PAGE_SIZE);
         let addr =
@@ -134,6 +144,9 @@ impl Engine {
     /// mapped while the Region lives, and must not be registered with another userfaultfd.
     /// Its pages that are not present will be filled with zeros on first touch, as the kernel
     /// would.
+    ///
+    /// # Context
+    /// A program thread; as [`Engine::map`], without the mmap.
     pub unsafe fn register(&self, ptr: *mut u8, len: usize) -> Result<Region, MapError> {
         let addr = ptr as usize;
         if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
@@ -155,6 +168,9 @@ impl Engine {
     /// callers that want the pool warm before a critical phase; the scrub thread keeps it
     /// between its watermarks from then on. No-op without a pool. With a pool per node, each
     /// is filled to `bytes` (its rings are bound to its node, whatever thread populates them).
+    ///
+    /// # Context
+    /// A program thread; populates the pools (may sleep in reclaim), taking each ring's fill lock.
     pub fn prefill(&self, bytes: usize) -> io::Result<()> {
         // Each pool is filled to `bytes` (one per node): the budget holds them all.
         let pools = self.shared.pools.len().max(1) as u64;
@@ -187,6 +203,9 @@ impl Engine {
     /// # Safety
     /// As [`Engine::register`], except that the memory may be unmapped at any time (the
     /// engine then forgets it).
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; as [`Engine::register`].
     pub unsafe fn adopt(&self, addr: usize, len: usize, fresh: bool) -> Result<(), MapError> {
         if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 || len == 0 {
             return Err(MapError::Unaligned { addr, len });
@@ -220,6 +239,10 @@ impl Engine {
     /// Hands `[addr, addr + len)` back to the kernel: unregistered and forgotten. Pages already
     /// there stay. For callers that must see the program's mappings as they would be without
     /// the engine (registration splits VMAs).
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes the registration lock and the range
+    /// table's write lock; the unregister ioctl may sleep on the mmap lock.
     pub fn release(&self, addr: usize, len: usize) {
         let _reg = self.shared.registration_lock();
         let seq = self.shared.ranges.seq();
@@ -331,6 +354,9 @@ impl Engine {
     }
 
     /// Whether `fd` is the engine's own userfaultfd.
+    ///
+    /// # Context
+    /// Any thread; no lock.
     pub fn is_own_uffd(&self, fd: i32) -> bool {
         self.shared.uffd_identity.as_ref().is_some_and(|id| id.is(fd))
     }
@@ -338,6 +364,10 @@ impl Engine {
     /// The program's transparent-huge-page advice for `[addr, addr + len)`: `true` for
     /// `MADV_HUGEPAGE` (or new memory under THP `always`), `false` for `MADV_NOHUGEPAGE`. Where
     /// it is on, a write fault takes whole huge pages, as the kernel would give it.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes the range table's read lock and the
+    /// loans lock.
     pub fn set_huge(&self, addr: usize, len: usize, on: bool) {
         let end = addr.saturating_add(len);
         self.shared.ranges.set_huge(addr, end, on);
@@ -348,6 +378,10 @@ impl Engine {
 
     /// `[addr, addr + len)` carries no huge-page advice any more (a freed block handed out
     /// again): neither `MADV_HUGEPAGE` nor `MADV_NOHUGEPAGE`.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes the range table's read lock and the
+    /// loans lock.
     pub fn forget_huge_advice(&self, addr: usize, len: usize) {
         let end = addr.saturating_add(len);
         self.shared.ranges.set_huge(addr, end, false);
@@ -357,6 +391,9 @@ impl Engine {
 
     /// `prctl(PR_SET_THP_DISABLE)`: `true`, the engine moves no huge page into the program's
     /// memory from now on (4 KiB pages only), as the kernel makes none; `false` undoes it.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; atomics only.
     pub fn set_thp_disabled(&self, on: bool) {
         self.shared.thp_disabled.store(on, Release);
     }
@@ -393,11 +430,17 @@ impl Engine {
     }
 
     /// Whether any page of `[addr, addr + len)` lies in memory the engine serves.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub fn serves_any(&self, addr: usize, len: usize) -> bool {
         self.is_active() && self.shared.ranges.any(addr, addr.saturating_add(len))
     }
 
     /// The registered range holding `addr`, as (start, end), while the engine serves.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub fn range_of(&self, addr: usize) -> Option<(usize, usize)> {
         if !self.is_active() {
             return None;
@@ -409,6 +452,9 @@ impl Engine {
     }
 
     /// Whether `addr` lies in memory the engine serves.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub fn serves(&self, addr: usize) -> bool {
         self.is_active() && self.shared.ranges.find(addr & !(PAGE_SIZE - 1)).is_some()
     }
@@ -421,6 +467,10 @@ impl Engine {
     ///
     /// # Safety
     /// The caller owns both ranges; the source reads zero (it faults again) afterwards.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; takes the descriptor's read lock; the
+    /// moves may sleep on the mmap lock.
     pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> usize {
         let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
         let Some(u) = uffd.as_ref() else { return 0 };
@@ -449,6 +499,9 @@ impl Engine {
     /// # Safety
     /// The caller owns the range and gives up its contents, as for `MADV_DONTNEED`: nothing
     /// reads or writes it while the call runs.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked; as `Shared::recycle` (`pool/recycle.rs`).
     pub unsafe fn recycle(&self, ptr: *mut u8, len: usize) -> Result<crate::Recycled, RecycleError> {
         let addr = ptr as usize;
         if addr % PAGE_SIZE != 0 || len % PAGE_SIZE != 0 {
@@ -461,18 +514,27 @@ impl Engine {
     }
 
     /// Pages ready in the pool (every node's).
+    ///
+    /// # Context
+    /// Any thread; atomics only.
     pub fn pool_pages(&self) -> u64 {
         self.shared.pools.iter().map(Pool::available).sum()
     }
 
     /// Pages the pools hold: ready, and recycled but not zeroed yet (every node's). At most
     /// the memory budget once the scrub looked (DESIGN.md, "The pool's memory budget").
+    ///
+    /// # Context
+    /// Any thread; atomics only.
     pub fn pool_held_pages(&self) -> u64 {
         self.shared.pool_held()
     }
 
     /// Each node's pool, where there is one per node (empty on a one-node machine): its level
     /// and what it gave, for `zerofault bench`'s per-node line.
+    ///
+    /// # Context
+    /// Any thread; atomics only.
     pub fn node_pools(&self) -> Vec<NodePool> {
         self.shared
             .pools
@@ -493,6 +555,9 @@ impl Engine {
 
     /// Bytes mapped for the page-state maps of the registered ranges (directories and leaves,
     /// see `memory/pagemap.rs`): proportional to what was touched, not to what was registered.
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock.
     pub fn metadata_bytes(&self) -> usize {
         let ranges = self.shared.ranges.ranges();
         ranges
@@ -504,6 +569,9 @@ impl Engine {
     /// A snapshot of the counters. It includes every install that woke a thread before this
     /// call: an install wakes the faulting thread before the handler has counted it, so a
     /// snapshot taken while the handler is inside a message waits (at most 50 ms) for it.
+    ///
+    /// # Context
+    /// Any thread but a handler; yields, at most 50 ms, while a handler is inside a message.
     pub fn stats(&self) -> Snapshot {
         let t0 = std::time::Instant::now();
         for bracket in self.shared.message_seq.iter() {
@@ -521,12 +589,18 @@ impl Engine {
     }
 
     /// The options the engine runs with.
+    ///
+    /// # Context
+    /// Any thread.
     pub fn options(&self) -> &Options {
         &self.shared.opts
     }
 
     /// Whether the machine-wide state is shared with this user's other processes, or why not
     /// (`crate::pool::machine`).
+    ///
+    /// # Context
+    /// Any thread; no lock.
     pub fn machine_state(&self) -> Result<(), String> {
         match &self.shared.machine_refused {
             None if self.shared.machine.is_shared() => Ok(()),
@@ -536,11 +610,17 @@ impl Engine {
     }
 
     /// The userfaultfd features in use.
+    ///
+    /// # Context
+    /// Any thread.
     pub fn features(&self) -> Features {
         self.shared.features
     }
 
     /// False once the engine failed open (the kernel serves every fault).
+    ///
+    /// # Context
+    /// Any thread; atomics only.
     pub fn is_active(&self) -> bool {
         !self.shared.failed.load(Acquire)
     }

@@ -163,12 +163,18 @@ fn register_rings(
 
 impl Engine {
     /// Starts an engine with the given options.
+    ///
+    /// # Context
+    /// The program thread starting the engine, with no lock held; as `Engine::start`.
     pub fn new(opts: Options) -> Result<Engine, StartError> {
         Engine::start(opts, StatsHome::Own(Box::default()))
     }
 
     /// Starts an engine that adds its counters to `stats`, which others may share (the
     /// counters of several engines then add up; [`Engine::stats`] shows the sum).
+    ///
+    /// # Context
+    /// The program thread starting the engine, with no lock held; as `Engine::start`.
     pub fn with_stats(opts: Options, stats: &'static Stats) -> Result<Engine, StartError> {
         Engine::start(opts, StatsHome::Lent(stats))
     }
@@ -242,6 +248,10 @@ impl Engine {
 
     /// Starts the handlers; `after_first` runs once the first one is there (the resume re-arms
     /// the doorbells then).
+    ///
+    /// # Context
+    /// A program thread, in the start or a resume, holding the threads' lock; maps each thread's
+    /// stack and TLS and clones it.
     pub(super) fn spawn_handlers(
         shared: &Arc<Shared>,
         threads: &mut Threads,
@@ -258,6 +268,9 @@ impl Engine {
         Ok(())
     }
 
+    /// # Context
+    /// A program thread, in the start or a resume, holding the threads' lock; maps each thread's
+    /// stack and TLS and clones it.
     pub(super) fn spawn_scrubbers(shared: &Arc<Shared>, threads: &mut Threads) -> Result<(), StartError> {
         for i in 0..shared.pools.len() {
             let s = shared.clone();
@@ -268,6 +281,9 @@ impl Engine {
     }
 
     /// Starts an engine with the options of the environment (`ZEROFAULT_<NAME>`).
+    ///
+    /// # Context
+    /// The program thread starting the engine, with no lock held; as `Engine::start`.
     pub fn from_env() -> Result<Engine, StartError> {
         Engine::new(Options::from_env()?)
     }

@@ -144,7 +144,7 @@ fn mark_multi_threaded() {
 static OWN_ALLOCATOR: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Says that the engine's threads allocate only from the engine's own memory, never with
-/// glibc's malloc (see [`mark_multi_threaded`]).
+/// glibc's malloc (see `mark_multi_threaded`).
 pub fn own_allocator() {
     OWN_ALLOCATOR.store(true, Relaxed);
 }
