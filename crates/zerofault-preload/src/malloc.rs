@@ -167,7 +167,7 @@ fn fill_grown(tail: usize, len: usize) {
 unsafe fn move_block(q: usize, p: usize, len: usize) {
     let moved = match Hook::enter().as_ref().and_then(Hook::running) {
         // SAFETY: both ranges are ours and served by the engine; q has no page yet.
-        Some(e) => unsafe { e.move_pages(q, p, len / PAGE_SIZE * PAGE_SIZE) },
+        Some(e) => unsafe { e.move_pages(q, p, engine::page::page_start(len)) },
         None => 0,
     };
     // SAFETY: both blocks hold `len` bytes; the pages moved are at q now, the rest still at p.

@@ -178,7 +178,7 @@ pub extern "C" fn zerofault_prefault(uaddr: *const c_void, uaddr2: *const c_void
     let mut any = 0;
     for a in [uaddr as usize, uaddr2 as usize] {
         if a != 0 && e.serves(a) {
-            let page = a & !(PAGE_SIZE - 1);
+            let page = engine::page::page_start(a);
             // SAFETY: one page of memory the engine serves, made present and writable with its
             // contents unchanged (a populate never writes data).
             if unsafe { mman::madvise(page, PAGE_SIZE, MADV_POPULATE_WRITE) }.is_ok() {

@@ -156,7 +156,7 @@ fn refused() -> Option<&'static str> {
 /// # Context
 /// A program thread, from [`start`] (`STATE` at `STARTING`); takes no lock, does not sleep.
 fn within_address_limit(opts: &mut Options, limit: usize) {
-    let pool = (limit / 32) / PMD_SIZE * PMD_SIZE;
+    let pool = engine::page::pmd_start(limit / 32);
     opts.pool_max = opts.pool_max.min(pool);
     if opts.pool_max < 2 * PMD_SIZE {
         opts.pool = false;

@@ -8,7 +8,7 @@
 
 use crate::memory::region::Region;
 use crate::options::Options;
-use crate::page::{bytes, pages};
+use crate::page::{bytes, page_start, pages};
 use crate::pool::{FillError, Pool};
 use crate::state::Shared;
 use crate::stats::Snapshot;
@@ -261,8 +261,8 @@ impl Engine {
     /// # Context
     /// A program thread, inside a hook, signals blocked; takes the registration lock.
     pub fn release_overlapping(&self, addr: usize, len: usize) -> bool {
-        let start = addr & !(PAGE_SIZE - 1);
-        let end = addr.saturating_add(len).saturating_add(PAGE_SIZE - 1) & !(PAGE_SIZE - 1);
+        let start = page_start(addr);
+        let end = page_start(addr.saturating_add(len).saturating_add(PAGE_SIZE - 1));
         let mut any = false;
         for r in self.shared.ranges.ranges() {
             let (a, b) = (r.start.max(start), r.end().min(end));
@@ -285,7 +285,7 @@ impl Engine {
     /// A program thread, inside a hook, signals blocked; takes no lock but a read guard on the
     /// descriptor.
     pub fn fill_page(&self, addr: usize) -> bool {
-        let page = addr & !(PAGE_SIZE - 1);
+        let page = page_start(addr);
         self.fill_claimed(page, page + PAGE_SIZE) == Some(1)
     }
 
@@ -445,10 +445,7 @@ impl Engine {
         if !self.is_active() {
             return None;
         }
-        self.shared
-            .ranges
-            .find(addr & !(PAGE_SIZE - 1))
-            .map(|r| (r.start, r.end()))
+        self.shared.ranges.find(page_start(addr)).map(|r| (r.start, r.end()))
     }
 
     /// Whether `addr` lies in memory the engine serves.
@@ -456,7 +453,7 @@ impl Engine {
     /// # Context
     /// Any thread; takes the range table's read lock.
     pub fn serves(&self, addr: usize) -> bool {
-        self.is_active() && self.shared.ranges.find(addr & !(PAGE_SIZE - 1)).is_some()
+        self.is_active() && self.shared.ranges.find(page_start(addr)).is_some()
     }
 
     /// Moves the pages of `[src, src + len)` to `[dst, dst + len)` without copying

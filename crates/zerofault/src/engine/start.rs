@@ -3,6 +3,7 @@
 
 use super::{Engine, StartError, Threads};
 use crate::options::Options;
+use crate::page::{page_start, pmd_start};
 use crate::pool::scrub;
 use crate::pool::zero::source::ZeroSource;
 use crate::pool::Pool;
@@ -33,7 +34,7 @@ fn numa_view() -> Option<crate::memory::nodes::Nodes> {
     let allowed = numa::mems_allowed().ok()?;
     let here = 0u8;
     let mut on = [-1i32];
-    numa::nodes_of(&[std::ptr::addr_of!(here) as usize & !(PAGE_SIZE - 1)], &mut on).ok()?;
+    numa::nodes_of(&[page_start(std::ptr::addr_of!(here) as usize)], &mut on).ok()?;
     let policy = Policy::from_mode(mode, mask).unwrap_or(Policy::Local);
     let keep = |id: u32| {
         allowed.contains(id)
@@ -53,7 +54,7 @@ fn numa_view() -> Option<crate::memory::nodes::Nodes> {
 /// pool's memory budget").
 fn within_cgroup(mut opts: Options, cgroup: Option<&sys::cgroup::MemoryCgroup>) -> Options {
     let Some(cg) = cgroup else { return opts };
-    let eighth = usize::try_from(cg.limit / 8).unwrap_or(usize::MAX) / PMD_SIZE * PMD_SIZE;
+    let eighth = pmd_start(usize::try_from(cg.limit / 8).unwrap_or(usize::MAX));
     if eighth >= opts.pool_max {
         return opts;
     }
@@ -104,7 +105,7 @@ fn make_pools(
     };
     // Under an address-space limit (the shim caps pool_max by it) the nodes share it.
     let bytes = match (nodes.len(), mman::address_limit()) {
-        (k, Some(_)) if k > 1 => (opts.pool_max / k / PMD_SIZE * PMD_SIZE).max(PMD_SIZE),
+        (k, Some(_)) if k > 1 => pmd_start(opts.pool_max / k).max(PMD_SIZE),
         _ => opts.pool_max,
     };
     nodes

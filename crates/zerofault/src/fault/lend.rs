@@ -216,7 +216,7 @@ impl Lending {
             // Whole PMDs of both, as the engine's record of advice keeps them.
             let (x, y) = (
                 a.max(l.start).next_multiple_of(PMD_SIZE),
-                b.min(l.start + l.len) / PMD_SIZE * PMD_SIZE,
+                pmd_start(b.min(l.start + l.len)),
             );
             if x >= y {
                 continue;

@@ -3,7 +3,7 @@
 //! (see `fault/huge.rs` for what the handler does with them).
 
 use crate::memory::pagemap::PageMap;
-use crate::page::{bytes, PMD_SIZE};
+use crate::page::{bytes, pmd_start, PMD_SIZE};
 
 /// The bits of each PMD a range overlaps (see the module doc), indexed from the range's first
 /// PMD.
@@ -114,7 +114,7 @@ impl PmdMap {
     /// # Context
     /// Any thread; atomics only, never sleeps.
     pub(crate) fn clear_tables(&self, a: usize, b: usize) {
-        let (a, b) = (a.next_multiple_of(PMD_SIZE), b / PMD_SIZE * PMD_SIZE);
+        let (a, b) = (a.next_multiple_of(PMD_SIZE), pmd_start(b));
         if a < b {
             self.tables.clear(self.index(a), ((b - a) / PMD_SIZE) as u64);
         }

@@ -14,7 +14,7 @@
 
 use crate::memory::pagemap::PageMap;
 use crate::memory::pmds::PmdMap;
-use crate::page::{bytes, index, pages, PAGE_SIZE, PMD_SIZE};
+use crate::page::{bytes, index, pages, pmd_start, PAGE_SIZE, PMD_SIZE};
 use crate::sys::mman;
 use crate::Shared;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering::Relaxed};
@@ -160,7 +160,7 @@ impl Range {
     /// A program thread (the madvise hook) or a handler (a lend); atomics only.
     pub(crate) fn set_huge(&self, addr: usize, end: usize, on: bool) {
         let a = addr.max(self.start).next_multiple_of(PMD_SIZE);
-        let b = end.min(self.end()) / PMD_SIZE * PMD_SIZE;
+        let b = pmd_start(end.min(self.end()));
         if a < b {
             self.pmds.set_huge(a, b, on);
         }
@@ -194,7 +194,7 @@ impl Range {
     /// # Context
     /// A handler; atomics only.
     pub(crate) fn huge_fault(&self, addr: usize) -> bool {
-        let pmd = addr / PMD_SIZE * PMD_SIZE;
+        let pmd = pmd_start(addr);
         pmd >= self.start && pmd + PMD_SIZE <= self.end() && self.pmds.wants_huge(addr)
     }
 }

@@ -63,7 +63,7 @@ pub(crate) mod scrub;
 mod share;
 pub(crate) mod zero;
 
-use crate::page::{bytes, pages, PMD_PAGES, PMD_SIZE};
+use crate::page::{bytes, pages, pmd_start, PMD_PAGES, PMD_SIZE};
 use crate::pool::recycle::{Batch, DirtyRing};
 use crate::stats::Stats;
 use crate::sync::AtomicU64;
@@ -93,9 +93,7 @@ pub(crate) fn tried_bit(ix: usize) -> u64 {
 /// # Context
 /// Any thread; arithmetic only.
 pub(crate) fn small_bytes(pool_max: usize) -> usize {
-    (pool_max / 4 / PMD_SIZE * PMD_SIZE)
-        .max(PMD_SIZE)
-        .min(pool_max.max(PMD_SIZE))
+    pmd_start(pool_max / 4).max(PMD_SIZE).min(pool_max.max(PMD_SIZE))
 }
 
 /// What a node's pool gave, in pages, as the kernel counts its allocations per node

@@ -17,7 +17,7 @@ pub(crate) fn populated_pmds(addr: usize, len: usize, mut each: impl FnMut(usize
     let mut pmds_of = |a: usize, b: usize| {
         let mut at = a.max(addr);
         while at < b.min(end) {
-            let pmd = at / PMD_SIZE * PMD_SIZE;
+            let pmd = crate::page::pmd_start(at);
             if last != Some(pmd) {
                 last = Some(pmd);
                 each(pmd.max(addr), (pmd + PMD_SIZE).min(end) - pmd.max(addr));
