@@ -15,8 +15,8 @@ pub(crate) const EVENT_RETRIES: u32 = 8;
 /// The window one handler is installing, published for the others: a fault read by another
 /// handler inside it (its thread was woken by the first huge page moved and ran on into the
 /// next) waits for it instead of installing a 4 KiB page there, which would give a PMD about
-/// to take a huge page a page table (measured with 2 handlers and a MADV_HUGEPAGE writer:
-/// 5,000 such faults a GiB, 40% of its huge pages lost, before this).
+/// to take a huge page a page table, and cost the range its huge pages there (docs/DESIGN.md,
+/// "Figures that left the code comments").
 ///
 /// Its three words are written apart, so a reader may see a torn window; the worst it does
 /// with one is install the page at once or wait for nothing (bounded by [`INFLIGHT_WAIT`]),

@@ -159,8 +159,8 @@ impl<K: Kernel> Handler<'_, K> {
         // Scattered misses over a quarter of a Region or more: random access over it (5
         // random faults span a quarter of it 98% of the time). A part handed back would leave
         // the rest to fault again, each fault a round trip, and a piece left over is a new
-        // range whose misses count afresh (measured: 15 faults and 3 hand-backs for a random
-        // 5% of 1 GiB, against 6 and 1). Only a Region's range, which is one allocation: a
+        // range whose misses count afresh (docs/DESIGN.md, "Figures that left the code
+        // comments"). Only a Region's range, which is one allocation: a
         // shim arena holds many, and only misses over half of it give it all back.
         let spread = scattered && range.owner.is_some() && (hi - lo + 1) * 4 >= range.pages;
         let (first, end) = match range.handbacks.load(Relaxed) {

@@ -67,8 +67,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let mut h = Handler::nth(&shared, uffd, index);
     let several = shared.message_seq.len() > 1;
     // One handler reads every pending message at once. Several read one each: a batch read by
-    // one would be served one after the other while the others find nothing to read (measured:
-    // with 2 handlers and 4 writing threads the second served none of 120 faults).
+    // one would be served one after the other while the others find nothing to read (docs/
+    // DESIGN.md, "Figures that left the code comments").
     let batch = if several { 1 } else { BATCH };
     let mut buf = [Msg::Fork; BATCH];
     let mut idle = Idle {

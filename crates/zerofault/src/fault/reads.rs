@@ -1,8 +1,8 @@
 //! Reads before writes: a read fault in memory the program goes on to write is
 //! served as a write fault would be, so that its writes fault no more. Natively, and here
 //! before, a read maps the zero page, and each later write is a copy-on-write fault the kernel
-//! serves alone, 4 KiB at a time, with no huge page ever (`maploop 256 10 rw`: 1,310,720 zero
-//! pages mapped, not one pool page used, while 1,310,720 recycled pages sat in the pool).
+//! serves alone, 4 KiB at a time, with no huge page ever, while recycled pages sit unused in the
+//! pool (docs/DESIGN.md, "Figures that left the code comments").
 //!
 //! The pages themselves tell whether the program writes what it reads. Each read window keeps
 //! two sample pages on the zero page: the last two of its part in the fault's PMD, which holds

@@ -21,7 +21,7 @@
 //! `MAP_NORESERVE` reservation of a wasm runtime, a GC heap or a sanitizer), and a flat bitmap
 //! of it would be 512 MiB that a cut (munmap of part of it) copies and counts in full. So:
 //!
-//! - **Leaves**: 4 KiB of bits each, [`LEAF_PAGES`] (32,768) pages, 128 MiB of address space.
+//! - **Leaves**: 4 KiB of bits each, [`LEAF_PAGES`] (32768) pages, 128 MiB of address space.
 //!   A leaf is made on the first `claim` / `set` that lands in it; an absent leaf reads as all
 //!   clear, so `is_claimed`, `clear`, `count`, `count_range` and `slice` skip it. A leaf lives
 //!   until the map is dropped (a cut copies only the words that have bits into the new maps).
@@ -75,7 +75,7 @@ use std::sync::atomic::Ordering::{AcqRel, Acquire, Relaxed};
 
 /// Words of bits in one leaf: one page of them.
 const LEAF_WORDS: u64 = (PAGE_SIZE / 8) as u64;
-/// Pages one leaf covers (32,768: 128 MiB of address space).
+/// Pages one leaf covers (32768: 128 MiB of address space).
 pub(crate) const LEAF_PAGES: u64 = LEAF_WORDS * 64;
 /// Bytes of one leaf (one page of the arena).
 const LEAF_BYTES: usize = PAGE_SIZE;

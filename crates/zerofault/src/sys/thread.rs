@@ -44,7 +44,7 @@ use std::time::Duration;
 
 /// Bytes of stack per engine thread (address space; pages are used as touched).
 const STACK: usize = 512 << 10;
-/// Bytes reserved for glibc's `struct pthread` at the thread pointer (2,304 in glibc 2.36).
+/// Bytes reserved for glibc's `struct pthread` at the thread pointer (2304 in glibc 2.36).
 const TCB: usize = 16 << 10;
 
 // ---------------------------------------------------------------------------------------------
