@@ -289,7 +289,7 @@ pub(crate) struct Handler<'a, K: Kernel> {
     pub(crate) stage_rests_until: Option<Instant>,
     /// When this handler last populated its staging PMD with a huge page, and how long the
     /// kernel took to make it (timed in `make_huge`, fault/huge.rs): the kernel's own huge-page
-    /// fault costs the same right now (lending weighs it, see fault/handback.rs).
+    /// fault costs the same right now (lending weighs it, see fault/lend.rs).
     pub(crate) last_populate: Option<(Instant, Duration)>,
     /// Scratch for [`Handler::install_write`]: (address, bytes, huge) of each piece.
     pub(crate) pieces: Vec<(usize, usize, bool)>,
