@@ -125,6 +125,10 @@ impl Hook {
     /// The engine, started now if this is the first large request (see [`start::engine`]).
     /// The scope is quiet from here, the start included.
     pub fn engine(&self) -> Option<&Engine> {
+        // Off for good (refused, switched off): no start to quieten, no system call.
+        if state::is_off() {
+            return None;
+        }
         self.quiet();
         start::engine()
     }
@@ -132,6 +136,9 @@ impl Hook {
     /// The engine for a large request of `len` bytes (see [`start::engine_for`]). The scope is
     /// quiet from here, a start included.
     pub fn engine_for(&self, len: usize) -> Option<&Engine> {
+        if state::is_off() {
+            return None;
+        }
         self.quiet();
         start::engine_for(len)
     }

@@ -13,11 +13,11 @@ use engine::os::mman::PMD_SIZE;
 use engine::{Engine, Options, StatsOut};
 use std::sync::atomic::{AtomicBool, Ordering::*};
 
-/// How long a large request made while another thread starts the engine waits for it (a
-/// start takes about a millisecond) before it passes through, as every such request did
-/// before: threads making their first large request at once got one block served and the
-/// others not (all four served in 2 runs of 10). Bounded, because the request may come with a
-/// lock the starting thread needs.
+/// How long a large request made while another thread starts the engine waits for it (many
+/// times a start's own length) before it passes through, as every such request did before:
+/// threads making their first large request at once got one block served and the others not
+/// (docs/DESIGN.md, "Figures that left the code comments"). Bounded, because the request may
+/// come with a lock the starting thread needs.
 const START_WAIT: std::time::Duration = std::time::Duration::from_millis(50);
 /// Set once a wait for the start ran out (see [`engine`]).
 static START_WAIT_GAVE_UP: AtomicBool = AtomicBool::new(false);

@@ -99,6 +99,15 @@ fn in_this_process() -> bool {
     ENGINE_PID.load(Acquire) == getpid()
 }
 
+/// Whether the engine is off for good in this process (refused at its start, or switched off):
+/// no hook reaches it any more.
+///
+/// # Context
+/// Any thread; one atomic load.
+pub fn is_off() -> bool {
+    STATE.load(Acquire) == OFF
+}
+
 /// The engine, if it runs in this process and the caller may use it; never starts it.
 pub fn running() -> Option<&'static Engine> {
     if engine::in_engine_thread() || STATE.load(Acquire) != READY || !in_this_process() {

@@ -1,8 +1,8 @@
 //! Lending starved ranges to the kernel (never slower than the kernel).
 //!
-//! When the pool cannot keep up, every
-//! page of a stream is made while its thread waits, at about 1.6 times the CPU the kernel's
-//! own huge-page fault spends on it (a populate, a move, a round trip; docs/SCALING.md). With
+//! When the pool cannot keep up, every page of a stream is made while its thread waits, at
+//! more CPU than the kernel's own huge-page fault spends on it (a populate, a move, a round
+//! trip; docs/SCALING.md has the ratio the `auto` rule uses). With
 //! idle CPUs the engine still wins: its producers (the scrub, the handlers) make pages on
 //! them. With as many threads faulting as the producers' CPUs are worth, the kernel making a
 //! page on each faulting thread's CPU is faster, so the range being faulted is lent to it:

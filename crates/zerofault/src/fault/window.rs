@@ -9,7 +9,8 @@
 //!
 //! Here each fault is a round trip through a handler thread (about ten native faults), so
 //! the window starts larger and grows faster than the seed's, and goes further:
-//! - **max order 11** (2048 pages, 8 MiB): past it the gain is under 10%, and the window is also
+//! - **max order 11** (2048 pages, 8 MiB): past it the gain is small (docs/DESIGN.md, "The
+//!   prefault window"), and the window is also
 //!   what a writer that stops may leave unused (`ZEROFAULT_MAX_ORDER` raises it).
 //! - **start order 4, step 2** (16 pages, then ×4 per hit: 16, 64, 256, 1024, 2048): the ramp is
 //!   most of the cost on small regions.

@@ -14,9 +14,9 @@ use std::time::Instant;
 
 /// How long a move is retried after an EAGAIN that moved nothing: an event is pending
 /// (mmap_changing) for the handler to read. It reads it within microseconds when idle, but
-/// not while it makes a huge page itself (a populate of 2 MiB): with 64 quick retries, a
-/// two-thread allocate/free loop discarded up to a fifth of the pages it freed (4 runs of 12,
-/// the binary before windows ahead included). Yields the CPU between tries, then sleeps.
+/// not while it makes a huge page itself (a populate of 2 MiB): a few quick retries made a
+/// two-thread allocate/free loop discard a share of the pages it freed (docs/DESIGN.md,
+/// "Figures that left the code comments"). Yields the CPU between tries, then sleeps.
 pub(crate) const AGAIN_WAIT: std::time::Duration = std::time::Duration::from_millis(5);
 /// Tries that only yield before the retries sleep ([`AGAIN_NAP`] each).
 const AGAIN_YIELDS: u32 = 64;
