@@ -191,12 +191,21 @@ impl Shared {
         }
     }
 
+    /// The handler threads the engine runs (each has a doorbell, a `message_seq` bracket and an
+    /// `inflight` window).
+    ///
+    /// # Context
+    /// Any thread.
+    pub(crate) fn handlers(&self) -> usize {
+        self.message_seq.len()
+    }
+
     /// Whether `page_addr` is one of the handlers' doorbell pages.
     ///
     /// # Context
     /// A handler, on each fault address. Takes no lock.
     pub(crate) fn is_doorbell(&self, page_addr: usize) -> bool {
-        page_addr.wrapping_sub(self.doorbell) < self.message_seq.len() * PAGE_SIZE
+        page_addr.wrapping_sub(self.doorbell) < self.handlers() * PAGE_SIZE
     }
 
     /// A handler thread leaves, with its read guard on the descriptor dropped; `failed`: other
@@ -241,7 +250,7 @@ impl Shared {
         }
         Stats::add(&self.stats.steps_aside, 1);
         self.kick_scrubs();
-        ring_doorbells(self, self.message_seq.len());
+        ring_doorbells(self, self.handlers());
     }
 
     /// See [`Shared::registration`].
@@ -303,7 +312,7 @@ pub(crate) fn ring_doorbells(shared: &Shared, n: usize) {
     if n == 0 {
         return;
     }
-    let bells = shared.message_seq.len() * PAGE_SIZE;
+    let bells = shared.handlers() * PAGE_SIZE;
     // SAFETY: the doorbells are the engine's own pages, read only below.
     let _ = unsafe { mman::protect(shared.doorbell, bells, libc::PROT_READ) };
     for i in 0..n {

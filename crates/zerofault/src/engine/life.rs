@@ -46,7 +46,7 @@ impl Engine {
     /// # Context
     /// Any thread; takes the threads' lock.
     pub fn own_mappings(&self) -> Vec<(usize, usize)> {
-        let bells = self.shared.message_seq.len() * PAGE_SIZE;
+        let bells = self.shared.handlers() * PAGE_SIZE;
         let mut v = vec![(self.shared.doorbell, bells), self.shared.zero.area()];
         for p in &self.shared.pools {
             v.extend(p.areas());
@@ -216,7 +216,7 @@ impl Engine {
         // The doorbells the pause rang hold zero pages: missing again for the next stop (a
         // registered range: the handler just started reads the REMOVE event).
         let rearm = || {
-            let bells = self.shared.message_seq.len() * PAGE_SIZE;
+            let bells = self.shared.handlers() * PAGE_SIZE;
             // SAFETY: the engine's own doorbell pages, read by nobody but a stop.
             let _ = unsafe { mman::madvise(self.shared.doorbell, bells, libc::MADV_DONTNEED) };
         };
@@ -291,7 +291,7 @@ impl Drop for Engine {
         for p in &self.shared.pools {
             p.release_all();
         }
-        let bells = self.shared.message_seq.len() * PAGE_SIZE;
+        let bells = self.shared.handlers() * PAGE_SIZE;
         // SAFETY: the doorbells are the engine's own pages; every thread is joined.
         let _ = unsafe { mman::unmap(self.shared.doorbell, bells) };
     }

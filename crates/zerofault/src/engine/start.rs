@@ -258,7 +258,7 @@ impl Engine {
         threads: &mut Threads,
         after_first: &dyn Fn(),
     ) -> Result<(), StartError> {
-        for i in 0..shared.message_seq.len() {
+        for i in 0..shared.handlers() {
             let s = shared.clone();
             let t = sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i)));
             threads.handlers.push(t.map_err(StartError::Thread)?);

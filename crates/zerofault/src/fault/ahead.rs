@@ -106,7 +106,7 @@ impl<K: Kernel> Handler<'_, K> {
         if self.batch_left > 0 || !self.deferred.is_empty() {
             return true;
         }
-        if self.shared.message_seq.len() > 1 {
+        if self.shared.handlers() > 1 {
             // Another handler serves what is pending: reading it here would take it from them.
             return false;
         }

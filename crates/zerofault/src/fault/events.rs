@@ -116,7 +116,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// (never blocks for more) and handles the events among them.
     pub(crate) fn drain_events(&mut self, attempt: u32) {
         Stats::add(&self.stats().drained_for_events, 1);
-        let read = if self.shared.message_seq.len() > 1 {
+        let read = if self.shared.handlers() > 1 {
             self.read_ordered()
         } else {
             self.read_pending()

@@ -65,7 +65,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     let guard = shared.uffd.read().unwrap_or_else(|e| e.into_inner());
     let Some(uffd) = guard.as_ref() else { return };
     let mut h = Handler::nth(&shared, uffd, index);
-    let several = shared.message_seq.len() > 1;
+    let several = shared.handlers() > 1;
     // One handler reads every pending message at once. Several read one each: a batch read by
     // one would be served one after the other while the others find nothing to read (docs/
     // DESIGN.md, "Figures that left the code comments").
@@ -395,7 +395,7 @@ impl<'a, K: Kernel> Handler<'a, K> {
                 && crate::sys::numa::thread_policy().map(|p| p.0) == Ok(crate::sys::numa::MPOL_DEFAULT),
             thread_nodes: [None; THREAD_NODES],
             ahead: match opts.ahead {
-                AheadMode::Wake if shared.message_seq.len() > 1 => AheadMode::Fault,
+                AheadMode::Wake if shared.handlers() > 1 => AheadMode::Fault,
                 a => a,
             },
             // Made here, before the program can mlockall: a window's runs (and the pieces its
