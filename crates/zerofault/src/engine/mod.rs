@@ -5,6 +5,11 @@
 //! ([`Shared::fail_open`]) closes the userfaultfd: the kernel wakes every blocked fault and
 //! serves all later ones. After a fork the child's copy is closed and forgotten
 //! ([`Engine::forget_after_fork`]).
+//!
+//! Here: the API a program thread calls. The start (userfaultfd, doorbells, pools, staging
+//! areas, threads) is `start.rs`; the program's life-cycle calls (fork, `mlockall`, pause and
+//! resume around a change of rights, exit, drop) are `life.rs`; the errors, one type per
+//! operation, `error.rs`.
 
 use crate::memory::region::Region;
 use crate::options::Options;
