@@ -2,7 +2,7 @@
 //!
 //! [`Engine`] owns the handler thread ([`crate::fault`]) and the scrub thread
 //! ([`crate::pool::scrub`]); [`Shared`] is what they and every [`Region`] hold. Failing open
-//! ([`Shared::fail_open`]) closes the userfaultfd: the kernel wakes every blocked fault and
+//! ([`Shared::handler_left`], [`Engine::stop_for_good`]) closes the userfaultfd: the kernel wakes every blocked fault and
 //! serves all later ones. After a fork the child's copy is closed and forgotten
 //! ([`Engine::forget_after_fork`]).
 //!
