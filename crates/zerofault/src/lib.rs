@@ -110,8 +110,9 @@
 //!   predictor): `fault/window.rs`. Giving random access back to the kernel:
 //!   `fault/handback.rs`; lending starved ranges to it: `fault/lend.rs`.
 //! - The memory served (`memory/`): per-page state (`pagemap.rs`), per-PMD state (`pmds.rs`:
-//!   may hold a page table, the program's huge-page and access advice) and the registered
-//!   ranges (`region.rs`).
+//!   may hold a page table, the program's huge-page and access advice), the registered
+//!   ranges (`region.rs`: [`Region`], `Range` and the records it carries) and their table
+//!   (`ranges.rs`).
 //! - The pool (`pool/`): its clean rings (`ring.rs`), recycling the pages the program frees
 //!   into them (`recycle.rs`; the dirty rings, `dirty.rs`; [`Recycled`]), the scrub thread
 //!   (`scrub.rs`; its share of the CPUs, `share.rs`; its choice of stores, `zero/choice.rs`),
@@ -125,12 +126,18 @@
 //! - Sharing the machine with this user's other processes under the shim (`pool/machine.rs`: at
 //!   most `cpus - 1` scrubs stepping, handlers polling only beside a free CPU; its file,
 //!   checked before it is trusted, in `sys/machine.rs`).
-//! - Knobs (`config/`: [`options`], the table read from `ZEROFAULT_<NAME>`; `kinds.rs`, the
-//!   kinds of values), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
-//!   sizes ([`page`]).
+//! - Knobs (`config/`: [`options`] (`options.rs`), the table read from `ZEROFAULT_<NAME>`;
+//!   `kinds.rs`, the kinds of values), counters (`stats.rs`: [`Stats`], [`Snapshot`]),
+//!   sizes and alignment (`page.rs`, [`page`]).
 //! - Every system call, and every read of /proc, sysfs and /dev: `sys/`, whose contract
-//!   `sys/mod.rs` states; [`os`] is the part of it an embedder living inside another program
-//!   (the LD_PRELOAD shim) uses. The engine's own allocator over raw mmap, the shim's global
+//!   `sys/mod.rs` states: userfaultfd and its ioctls (`uffd.rs`), its messages (`uffd_msg.rs`),
+//!   mmap and the rest of the memory calls (`mman.rs`), /proc/self/maps and smaps (`maps.rs`),
+//!   the page-table walk (`pagemap.rs`), NUMA (`numa.rs`), the engine's threads (`thread.rs`),
+//!   their TLS (`tls.rs`), scheduling and CPU time (`sched.rs`), the memory cgroup
+//!   (`cgroup.rs`), the machine-wide state's file (`machine.rs`), DSA work queues (`dsa.rs`),
+//!   files read through raw calls (`file.rs`), and the system call itself (`raw.rs`). [`os`]
+//!   (`os.rs`) is the part of it an embedder living inside another program (the LD_PRELOAD
+//!   shim) uses. The engine's own allocator over raw mmap, the shim's global
 //!   allocator: `alloc.rs`.
 //! - Which thread runs what:
 //!
