@@ -94,7 +94,8 @@
 //! - [`Engine`] (`engine/`): its API (`mod.rs`), its start (`start.rs`: userfaultfd, doorbells,
 //!   pools, staging areas, threads), the program's life-cycle calls (`life.rs`: fork,
 //!   `mlockall`, pause and resume around the calls that change the process's rights, exit,
-//!   drop, failing open) and its errors, one type per operation (`error.rs`: [`StartError`],
+//!   drop, failing open), what it reports (`report.rs`: pool levels, counters, options) and its
+//!   errors, one type per operation (`error.rs`: [`StartError`],
 //!   [`MapError`], [`RecycleError`]). The state its threads, handle and regions share, and
 //!   its one constructor: `state.rs`. The layout and its rules: docs/DESIGN.md,
 //!   "The engine's layout" (`.ci/layout` checks them).
