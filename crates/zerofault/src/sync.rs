@@ -9,3 +9,13 @@
 pub(crate) use loom::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize};
+
+/// Runs a loom model of every interleaving of `f`'s threads, preempting each at most three
+/// times (the bound every model of the crate uses: deep enough for the races they check, and
+/// quick).
+#[cfg(all(test, loom))]
+pub(crate) fn loom_model(f: impl Fn() + Sync + Send + 'static) {
+    let mut b = loom::model::Builder::new();
+    b.preemption_bound = Some(3);
+    b.check(f);
+}

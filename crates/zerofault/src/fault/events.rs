@@ -200,14 +200,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::Inflight;
+    use crate::sync::loom_model as model;
     use loom::sync::Arc;
     use loom::thread;
-
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
-    }
 
     #[test]
     fn loom_a_reader_that_sees_a_range_id_sees_its_bounds_or_later_ones() {

@@ -762,15 +762,10 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::{Faulters, FAULTER_SLOTS};
+    use crate::sync::loom_model as model;
     use loom::sync::Arc;
     use loom::thread;
     use std::sync::atomic::Ordering::Relaxed;
-
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
-    }
 
     #[test]
     fn loom_threads_racing_for_a_slot_take_it_once_and_are_each_counted_once() {

@@ -740,14 +740,9 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::PageMap;
+    use crate::sync::loom_model as model;
     use loom::sync::Arc;
     use loom::thread;
-
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
-    }
 
     /// Pages of `runs`, one entry each.
     fn pages(runs: &[(u64, u64)]) -> Vec<u64> {

@@ -450,6 +450,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::DirtyIndex;
+    use crate::sync::loom_model as model;
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::thread;
@@ -510,12 +511,6 @@ mod loom_tests {
             self.index.consume(n);
             n
         }
-    }
-
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
     }
 
     #[test]

@@ -616,6 +616,7 @@ mod tests {
 #[cfg(all(test, loom))]
 mod loom_tests {
     use super::RingIndex;
+    use crate::sync::loom_model as model;
     use loom::cell::UnsafeCell;
     use loom::sync::Arc;
     use loom::thread;
@@ -667,12 +668,6 @@ mod loom_tests {
             let back = self.index.untake(i, n, n - used);
             (used, if back { 0 } else { n - used })
         }
-    }
-
-    fn model(f: impl Fn() + Sync + Send + 'static) {
-        let mut b = loom::model::Builder::new();
-        b.preemption_bound = Some(3);
-        b.check(f);
     }
 
     #[test]
