@@ -138,6 +138,9 @@ pub(crate) struct SharedParts {
 impl Shared {
     /// The one constructor of the shared state, for [`Engine::start`] and the tests'
     /// `Shared::detached`: `p`, with every flag down, every count zero and the tables empty.
+    ///
+    /// # Context
+    /// The program thread starting the engine (`Engine::start`), or a test.
     pub(crate) fn new(p: SharedParts) -> Shared {
         Shared {
             stage: p.stage,

@@ -34,6 +34,9 @@ macro_rules! counters {
 
         impl Stats {
             /// The counters now (each read on its own: not one atomic moment).
+            ///
+            /// # Context
+            /// Any thread; atomic loads only.
             pub fn snapshot(&self) -> Snapshot {
                 Snapshot {
                     $( $name: self.$name.load(Relaxed), )*
@@ -44,11 +47,17 @@ macro_rules! counters {
 
         impl Snapshot {
             /// Every scalar counter as (name, value), in declaration order.
+            ///
+            /// # Context
+            /// Any thread; reads a snapshot.
             pub fn fields(&self) -> Vec<(&'static str, u64)> {
                 vec![ $( (stringify!($name), self.$name), )* ]
             }
 
             /// Each counter minus the same counter of `earlier`.
+            ///
+            /// # Context
+            /// Any thread; arithmetic only.
             pub fn since(&self, earlier: &Snapshot) -> Snapshot {
                 Snapshot {
                     $( $name: self.$name.saturating_sub(earlier.$name), )*
@@ -319,12 +328,18 @@ impl std::ops::Deref for StatsHome {
 }
 
 /// A duration in nanoseconds, for the `*_ns` counters (saturating: 584 years).
+///
+/// # Context
+/// Any thread; arithmetic only.
 pub(crate) fn nanos(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl Stats {
     /// Adds `n` to a counter.
+    ///
+    /// # Context
+    /// Any thread (a handler, a scrub, a program thread); one relaxed atomic add, never sleeps.
     #[inline]
     pub fn add(counter: &AtomicU64, n: u64) {
         counter.fetch_add(n, Relaxed);
@@ -332,6 +347,9 @@ impl Stats {
 
     /// Records a figure that is not a sum (a `[max]` counter: a code, a measurement, an
     /// errno): the first to record one sets it, later ones leave it.
+    ///
+    /// # Context
+    /// Any thread; one atomic compare-exchange, never sleeps.
     #[inline]
     pub(crate) fn set_once(counter: &AtomicU64, v: u64) {
         let _ = counter.compare_exchange(0, v, Relaxed, Relaxed);
@@ -340,11 +358,17 @@ impl Stats {
 
 impl Snapshot {
     /// All pages installed by the engine, whatever the method.
+    ///
+    /// # Context
+    /// Any thread; arithmetic only.
     pub fn pages_served(&self) -> u64 {
         self.pages_moved + self.pages_copied + self.pages_zero_mapped
     }
 
     /// One `name value` line per counter, then the window orders.
+    ///
+    /// # Context
+    /// A program thread (the shim's exit report, the CLI); allocates (from the engine's allocator under the shim).
     pub fn to_text(&self) -> String {
         let mut s = String::new();
         for (name, v) in self.fields() {
@@ -358,6 +382,9 @@ impl Snapshot {
     /// One process's line for `ZEROFAULT_STATS=json` or a file, newline included:
     /// `{"pid":..,"program":"..","pages_served":..,` then every counter of [`Snapshot::to_json`].
     /// `program` is escaped (a process names itself as it likes).
+    ///
+    /// # Context
+    /// A program thread (the shim's exit report); allocates (from the engine's allocator under the shim).
     pub fn process_json(&self, pid: i32, program: &str) -> String {
         let mut name = String::with_capacity(program.len());
         for c in program.chars() {
@@ -377,6 +404,9 @@ impl Snapshot {
     }
 
     /// A JSON object with every counter and `window_order` as an array indexed by order.
+    ///
+    /// # Context
+    /// A program thread (the shim's exit report, the CLI); allocates (from the engine's allocator under the shim).
     pub fn to_json(&self) -> String {
         let mut parts: Vec<String> = self.fields().iter().map(|(n, v)| format!("\"{n}\":{v}")).collect();
         let orders: Vec<String> = self.window_order.iter().map(u64::to_string).collect();
