@@ -43,7 +43,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// after the fault that asked for it was answered; returns where it stopped (`end`: all).
     ///
     /// # Context
-    /// A handler, with the fault's window or right after waking the thread (`ahead=wake`). ts
+    /// A handler, with the fault's window or right after waking the thread (`ahead=wake`). Its
     /// ioctls (`UFFDIO_MOVE`, `COPY`, `ZEROPAGE`) may sleep on the mmap lock and on page
     /// allocation; it takes no lock of the engine's, ring slots lock-free.
     pub(crate) fn install_ahead(&mut self, range: &Range, first: u64, end: u64, write: bool) -> u64 {

@@ -75,8 +75,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// the thread.
     ///
     /// # Context
-    /// A handler; yields, for at most [`INFLIGHT_WAIT`], while another handler installs the window
-    /// holding the page.
+    /// A handler; no lock. While another handler installs the window holding the page it yields,
+    /// then sleeps a little at a time, for at most [`INFLIGHT_WAIT`].
     pub(crate) fn wait_for_other_install(&self, range: u64, page: u64, page_addr: usize) {
         let others = || {
             self.shared
@@ -113,7 +113,9 @@ impl<'a, K: Kernel> Handler<'a, K> {
     ///
     /// # Context
     /// A handler, after an install met `EAGAIN`; reads the messages pending on the userfaultfd
-    /// (never blocks for more) and handles the events among them.
+    /// (the read never blocks; with several handlers, under the event-order lock) and handles
+    /// the events among them. With nothing read it yields, then sleeps a little longer at each
+    /// attempt, so that the program thread whose event is pending runs.
     pub(crate) fn drain_events(&mut self, attempt: u32) {
         Stats::add(&self.stats().drained_for_events, 1);
         let read = if self.shared.handlers() > 1 {
@@ -139,7 +141,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// another's later UNMAP(Y).
     ///
     /// # Context
-    /// A handler; a non-blocking read of the userfaultfd.
+    /// A handler, with several of them; takes the event-order lock for each read and the event
+    /// it read (and what that event takes); the read does not block.
     pub(crate) fn read_ordered(&mut self) -> usize {
         let outer = self.seq;
         let mut buf = [Msg::Fork; 1];
@@ -170,7 +173,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// (handled next). Returns how many were read.
     ///
     /// # Context
-    /// A handler; a non-blocking read of the userfaultfd.
+    /// A handler, the only one; a non-blocking read of the userfaultfd, then the events it read
+    /// (each takes what [`Self::handle`] says).
     pub(crate) fn read_pending(&mut self) -> usize {
         let mut buf = [Msg::Fork; BATCH];
         // The events read here are applied as of now; the rest of a batch read earlier (the

@@ -466,7 +466,10 @@ impl<'a, K: Kernel> Handler<'a, K> {
     }
 
     /// # Context
-    /// A handler, for each message read; takes the event-order lock for events.
+    /// A handler, for each message read. A fault takes what [`Self::fault`] takes; an event takes
+    /// the range table's lock (read for REMOVE, written for UNMAP and REMAP). With several
+    /// handlers its caller holds the event-order lock for an event (`read_batch`,
+    /// `read_ordered`); this takes none.
     pub(crate) fn handle(&mut self, m: Msg) {
         if self.fatal.is_some() {
             return; // failing open: the kernel answers everything from here
@@ -503,7 +506,8 @@ impl<'a, K: Kernel> Handler<'a, K> {
     /// (`Shared::huge_wanted`), and is asked to at once.
     ///
     /// # Context
-    /// A handler; atomics only.
+    /// A handler; atomics, and the first time a kick of the scrub ([`ScrubCtl::kick`](crate::pool::scrub::ScrubCtl::kick): its wake
+    /// lock, for a moment).
     pub(crate) fn want_huge(&self) {
         if self.shared.huge_wanted.load(Relaxed) {
             return;

@@ -259,7 +259,7 @@ impl Lending {
     /// under `Shared::registration`.
     ///
     /// # Context
-    /// A program thread (a Region's drop) or a handler (an UNMAP event); takes the loans lock.
+    /// A program thread, a Region's drop, holding the registration lock; takes the loans lock.
     pub(crate) fn forget(&self, owner: u64, stats: &Stats) {
         let mut loans = self.loans();
         let before = loans.len();
@@ -396,8 +396,10 @@ impl<K: Kernel> Handler<'_, K> {
     /// can win there again (see the module doc).
     ///
     /// # Context
-    /// A handler, when idle. Takes the loans lock, then the registration lock; registering again
-    /// may sleep on the mmap lock.
+    /// A handler, when idle. Takes the registration lock, then the loans lock inside it, and for
+    /// each loan taken back the range table's write lock; registering again (and the advice put
+    /// back) may sleep on the mmap lock, and the take-back reads `/proc/self/maps` and
+    /// `/proc/self/pagemap`.
     pub(crate) fn retake(&mut self) {
         let shared = self.shared;
         let lending = &shared.lending;
@@ -441,8 +443,10 @@ impl Shared {
     /// rounds would otherwise lose the recycling to the loan). On the program's thread.
     ///
     /// # Context
-    /// A program thread recycling memory (`Engine::recycle`, the shim's free); takes the loans
-    /// lock.
+    /// A program thread recycling memory (`Engine::recycle`, the shim's free). While a loan is
+    /// out: takes the registration lock, then the loans lock and the descriptor's read lock
+    /// inside it; each loan it ends is taken back as in [`Handler::retake`] (the range table's
+    /// write lock; may sleep on the mmap lock).
     pub(crate) fn end_loans(&self, addr: usize, end: usize) {
         if !self.lending.any() {
             return;

@@ -396,7 +396,8 @@ impl<K: Kernel> Handler<'_, K> {
     ///
     /// # Context
     /// A handler thread, from [`Self::locate`]: takes the range's misses lock, released before
-    /// a hand-back, which takes the registration lock; does not sleep.
+    /// a hand-back, which takes the registration lock and the range table's; a hand-back's
+    /// unregister may sleep on the mmap lock.
     #[inline]
     fn handed_back(&mut self, range: &Arc<Range>, page: u64, w: &Window, tid: u32) -> bool {
         let handing_back = self.opts.handback_misses > 0;
@@ -422,7 +423,8 @@ impl<K: Kernel> Handler<'_, K> {
     ///
     /// # Context
     /// A handler thread, from [`Self::locate`], with no lock held; a loan takes the
-    /// registration lock and the loans lock; does not sleep.
+    /// registration lock, the range table's and the loans lock; its advice and unregister may
+    /// sleep on the mmap lock.
     #[inline]
     fn lent(&mut self, range: &Arc<Range>, page_addr: usize, write: bool, window: u64, ready: u64) -> bool {
         // Starved, with as many threads faulting as the kernel would serve faster: the range

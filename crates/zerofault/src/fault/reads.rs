@@ -85,7 +85,7 @@ impl<K: Kernel> Handler<'_, K> {
     /// mapped, and its thread woken, before the window is in).
     ///
     /// # Context
-    /// A handler; reads two words of the program's memory, no lock.
+    /// A handler; arithmetic only.
     pub(crate) fn read_samples(range: &Range, page_addr: usize, end: u64, as_write: bool) -> [usize; 2] {
         let end_addr = range.addr_of(end).min(pmd_start(page_addr) + PMD_SIZE);
         match () {

@@ -418,7 +418,7 @@ pub(crate) struct Fault<'a> {
     pub page: u64,
     pub end: u64,
     /// The range's first page modulo [`PMD_PAGES`] in the address space, where windows of a
-    /// PMD or more end one page short of a PMD boundary (see [`Predictor::on_fault_aligned`]).
+    /// PMD or more end one page short of a PMD boundary (see `Predictor::on_fault_aligned`).
     pub phase: Option<u64>,
     /// Whether a new stream's window may leave out a probe (not where the fault takes whole
     /// huge pages).

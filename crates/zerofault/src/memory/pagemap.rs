@@ -439,7 +439,8 @@ impl PageMap {
     /// clear words: the new map gets leaves only where this one has bits.
     ///
     /// # Context
-    /// Any thread; atomics only, never sleeps.
+    /// Any thread (a handler cutting or moving a range, under the range table's write lock);
+    /// no lock of its own; maps the new map's directory and leaves where bits are copied (mmap).
     pub(crate) fn slice(&self, first: u64, n: u64) -> PageMap {
         let (first, end) = self.clip(first, n);
         let out = PageMap::new(n);

@@ -66,7 +66,8 @@ impl PmdMap {
     /// advice goes along, and the table bits too unless `tables` says otherwise.
     ///
     /// # Context
-    /// Any thread; atomics only, never sleeps.
+    /// Any thread (a handler cutting or moving a range, under the range table's write lock);
+    /// no lock of its own; maps the new maps' leaves where bits are copied or set (mmap).
     pub(crate) fn slice(&self, start: usize, pages: u64) -> PmdMap {
         let (first, n) = (self.index(start), pmds_overlapped(start, pages));
         PmdMap {
@@ -82,7 +83,8 @@ impl PmdMap {
     /// map, and a table assumed in every PMD at the destination `to`.
     ///
     /// # Context
-    /// Any thread; atomics only, never sleeps.
+    /// Any thread (a handler cutting or moving a range, under the range table's write lock);
+    /// no lock of its own; maps the new maps' leaves where bits are copied or set (mmap).
     pub(crate) fn moved(&self, start: usize, pages: u64, to: usize) -> PmdMap {
         let tables = PageMap::new(pmds_overlapped(to, pages));
         tables.set(0, tables.pages());
@@ -218,7 +220,7 @@ impl PmdMap {
     }
 
     /// Whether the map covers exactly the PMDs of `pages` pages from `start` (see
-    /// [`Range::is_valid`]).
+    /// [`Range::is_valid`](crate::memory::region::Range::is_valid)).
     ///
     /// # Context
     /// Any thread; atomics only, never sleeps.

@@ -202,8 +202,8 @@ impl RangeTable {
     /// Adds `[start, start + pages)`, replacing whatever stale ranges overlapped it.
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A program thread registering a range, or a handler taking a loan back (`Handler::retake`);
+    /// takes the range table's write lock; may map the new range's page and PMD maps (mmap).
     pub(crate) fn insert(&self, start: usize, pages: u64, owner: Option<u64>) -> Arc<Range> {
         let mut t = self.write();
         let end = start + bytes(pages);
@@ -218,8 +218,7 @@ impl RangeTable {
     /// huge page there was split.
     ///
     /// # Context
-    /// A handler (a REMOVE event) or a program thread (a release); takes the range table's read
-    /// lock.
+    /// A handler (a REMOVE event); takes the range table's read lock.
     pub(crate) fn forget(&self, start: usize, end: usize, upto: u64) -> u64 {
         let t = self.read();
         t.overlapping(start, end, Some(upto))
@@ -238,11 +237,10 @@ impl RangeTable {
             .sum()
     }
 
-    /// The program's huge-page advice for `[start, end)` (see [`Range::huge`]).
+    /// The program's huge-page advice for `[start, end)` (see [`Range::set_huge`](crate::memory::region::Range::set_huge)).
     ///
     /// # Context
-    /// A program thread (the madvise hook) or a handler (a lend); takes the range table's read
-    /// lock.
+    /// A program thread (the madvise hook); takes the range table's read lock.
     pub(crate) fn set_huge(&self, start: usize, end: usize, on: bool) {
         for r in self.read().overlapping(start, end, None) {
             r.set_huge(start, end, on);
@@ -273,8 +271,8 @@ impl RangeTable {
     /// What belonged to a Region is remembered, for its drop to unmap.
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A handler (a hand-back, a loan); takes the range table's write lock, and may map the page
+    /// maps of the pieces left (mmap) under it.
     pub(crate) fn drop_span(&self, start: usize, end: usize) {
         let mut t = self.write();
         let (_, pieces) = t.cut(start, end, None);
@@ -289,8 +287,8 @@ impl RangeTable {
     /// UFFD_EVENT_UNMAP: `[start, end)` is gone. Returns page states cleared.
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A handler (an UNMAP event) or a program thread (a release); takes the range table's write
+    /// lock, under which the page maps of the ranges cut are unmapped (munmap).
     pub(crate) fn unmap(&self, start: usize, end: usize, upto: u64) -> u64 {
         let mut t = self.write();
         // A span that left the table inside the call went with it: a Region's drop must not
@@ -308,8 +306,8 @@ impl RangeTable {
     /// with them. The destination becomes a range of its own, owned by nobody.
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A handler (a REMAP event); takes the range table's write lock, and may map the moved range's
+    /// page and PMD maps (mmap) under it.
     pub(crate) fn remap(&self, from: usize, to: usize, len: usize, upto: u64) {
         let mut t = self.write();
         t.trim_left(from, from + len);
@@ -328,8 +326,8 @@ impl RangeTable {
     /// Removes one range (a registration that failed).
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A program thread whose registration failed, or a handler whose take-back failed
+    /// (`Handler::retake`); takes the range table's write lock.
     pub(crate) fn remove(&self, r: &Arc<Range>) {
         let mut t = self.write();
         if t.by_start.get(&r.start).is_some_and(|x| x.id == r.id) {
@@ -340,8 +338,8 @@ impl RangeTable {
     /// `[start, end)` of `owner`'s memory is out of the table again (a take-back that failed).
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A handler whose take-back failed (`Handler::retake`), holding the registration lock;
+    /// takes the range table's write lock.
     pub(crate) fn leave(&self, owner: u64, start: usize, end: usize) {
         self.write().left.push((owner, start, end));
     }
@@ -350,8 +348,8 @@ impl RangeTable {
     /// (see [`Table::left`]).
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A program thread, a Region's drop, holding the registration lock; takes the range
+    /// table's write lock.
     pub(crate) fn take_left(&self, owner: u64) -> Vec<(usize, usize)> {
         let mut t = self.write();
         let mine = t.left.iter().filter(|l| l.0 == owner).map(|l| (l.1, l.2)).collect();
@@ -362,8 +360,8 @@ impl RangeTable {
     /// Removes and returns every range of `owner`.
     ///
     /// # Context
-    /// A program thread (a registration, a release, a Region's drop) or a handler (an UNMAP, REMAP
-    /// or REMOVE event, a hand-back, a lend); takes the range table's write lock.
+    /// A program thread, a Region's drop, holding the registration lock; takes the range
+    /// table's write lock.
     pub(crate) fn take_owned(&self, owner: u64) -> Vec<Arc<Range>> {
         let mut t = self.write();
         let mine: Vec<usize> = t

@@ -105,7 +105,7 @@ impl Budget {
     /// A caller asked the pools to hold `n` pages (`Engine::prefill`).
     ///
     /// # Context
-    /// The scrub thread. (the first one to look); reads the memory cgroup's files.
+    /// A program thread, in `Engine::prefill` ([`Budget::filling`]); atomics only.
     pub(crate) fn reserve(&self, n: u64) {
         self.reserved.fetch_max(n, Relaxed);
         self.pages.fetch_max(n.min(self.cap(false)), Relaxed);

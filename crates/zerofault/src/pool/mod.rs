@@ -208,8 +208,8 @@ impl Pool {
     /// handler to read the UNMAP events their munmap would wait for.
     ///
     /// # Context
-    /// The program thread starting the engine (`Engine::start`); maps memory, takes no lock. Or its
-    /// failure path.
+    /// The program thread starting the engine (`Engine::start`), on its failure path; takes no
+    /// lock; the unregister ioctl takes the kernel's mmap lock.
     pub(crate) fn unregister(&self, uffd: &Uffd) {
         for (a, l) in self.areas() {
             let _ = uffd.unregister(a, l);
