@@ -115,15 +115,7 @@ pub(crate) fn read_to_string(path: impl AsRef<OsStr>) -> io::Result<String> {
 /// `path` ends in a NUL (the caller's buffer ends in zeros). One read: a file longer than
 /// `buf` is cut.
 pub(crate) fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
-    let fd = open_cstr(path, libc::O_RDONLY).ok()?;
-    // SAFETY: read into `buf`, at most its length.
-    let n = unsafe {
-        raw::call(
-            libc::SYS_read,
-            [raw::int_arg(fd.0), buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0],
-        )
-    };
-    n.ok()
+    open_cstr(path, libc::O_RDONLY).ok()?.read(buf).ok()
 }
 
 #[cfg(test)]
