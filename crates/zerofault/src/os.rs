@@ -28,21 +28,12 @@ pub mod mman {
 /// registers nothing for faults: what `zerofault bench-flush` times.
 pub mod uffd {
     pub use crate::sys::raw::Errno;
-    pub use crate::sys::uffd::{Features, UffdError};
+    pub use crate::sys::uffd::{Features, Progress, UffdError};
 
     /// An open userfaultfd, with every feature the engine asks for that the kernel offers;
     /// closed on drop (which unregisters its ranges).
     #[derive(Debug)]
     pub struct Uffd(crate::sys::uffd::Uffd);
-
-    /// How far a [`Uffd::move_pages`] got before it stopped.
-    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-    pub struct Moved {
-        /// Bytes moved from the start of the range.
-        pub done: usize,
-        /// `None` when the whole range was moved; otherwise the errno it stopped with.
-        pub errno: Option<Errno>,
-    }
 
     impl Uffd {
         /// Opens a userfaultfd (see [`UffdError`] for why it may not).
@@ -68,13 +59,9 @@ pub mod uffd {
         /// # Safety
         /// The caller owns `[src, src + len)` and `[dst, dst + len)`: no one reads or writes
         /// them while the move runs, and `src` reads as missing afterwards.
-        pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> Moved {
+        pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> Progress {
             // SAFETY: this function's contract.
-            let p = unsafe { self.0.move_pages(dst, src, len) };
-            Moved {
-                done: p.done,
-                errno: p.errno,
-            }
+            unsafe { self.0.move_pages(dst, src, len) }
         }
     }
 }

@@ -106,7 +106,7 @@ impl std::error::Error for UffdError {}
 
 /// How far an installing ioctl got before it stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Progress {
+pub struct Progress {
     /// Bytes installed (and woken, unless DONTWAKE) from the start of the range.
     pub done: usize,
     /// `None` when the whole range was installed; otherwise the errno it stopped with.
