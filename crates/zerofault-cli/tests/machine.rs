@@ -39,7 +39,7 @@ fn the_machine_state_is_made_shared_or_left_alone_and_the_program_runs_either_wa
     let rt = dir.join("runtime");
     std::fs::create_dir(&rt).unwrap();
     std::fs::set_permissions(&rt, std::fs::Permissions::from_mode(0o700)).unwrap();
-    let file = rt.join("zerofault-2.machine");
+    let file = rt.join("zerofault-3.machine");
     let native = run(
         std::process::Command::new(&prog).args(["loop", "64", "2"]),
         Duration::from_secs(60),

@@ -299,6 +299,9 @@ counters! {
     /// Times the scrub put a step off because other processes' scrubs held the CPUs the
     /// machine-wide state allows scrubs (`crate::pool::machine`).
     scrub_machine_waits,
+    /// Refill steps refused because the memory cgroup's headroom, with every pool of its
+    /// processes, was too small (`crate::pool::budget`).
+    scrub_cgroup_skips,
     /// Times a handler did not poll because the machine's stepping scrubs and polling handlers
     /// (every process's) left no CPU beside it.
     poll_machine_skips,

@@ -6,23 +6,98 @@
 //!   (`Engine::prefill`), and twice the largest block the program freed in the last
 //!   `purge_delay` on top of that (a program freeing 1 GiB to map it again keeps it). A
 //!   program churning 16 MiB blocks keeps 160 MiB, not `pool_max`.
-//! - **The memory cgroup.** With a limit (the lowest `memory.max`/`memory.high` up the v2
-//!   hierarchy, v1's hierarchical limit), the pools hold at most an eighth of it, and nothing
-//!   once the cgroup is within a sixteenth of it: the kernel would otherwise reclaim (with no
-//!   swap: kill) the program for pages the engine keeps.
+//! - **The memory cgroup.** With a limit (`memory.max`/`memory.high` of v2, v1's
+//!   `memory.limit_in_bytes`, at any level up the hierarchy), the pools of **every process in
+//!   it together** hold at most an eighth of the lowest limit: each process writes what its
+//!   pools hold in the cgroup's ledger, in the machine-wide state (`pool/machine.rs`), and
+//!   budgets only what the others leave. The kernel would otherwise reclaim (with no swap:
+//!   kill) a program for pages the engines keep.
+//! - **Headroom.** A refill step populates only while the cgroup's headroom (limit less
+//!   usage, the least over the limited levels), less the steps other processes are
+//!   populating, keeps [`fill_reserve`] (an eighth of the limit) after it ([`Budget::may_fill`],
+//!   [`fill_allowed`]); the step is claimed in the ledger first, so that forty processes
+//!   starting at once do not each see the same headroom. Below [`purge_reserve`] (a
+//!   sixteenth) the budget is nothing: every pool of the cgroup gives back all it holds, and
+//!   while the headroom is under twice the fill reserve and the pools hold pages the budget
+//!   is looked at every [`NEAR_EVERY`] instead of every `scrub::LOOK_EVERY`, since the
+//!   programs' own faults are charged too.
 //!
-//! The first scrub thread computes it now and then ([`Budget::update`], `scrub::LOOK_EVERY`); every scrub
-//! gives back what its pool holds above its share (dirty pages first, oldest first, then ready
-//! ones), and a recycle is refused (the pages discarded, as natively) while the pools hold it
-//! all.
+//! The first scrub thread computes it now and then ([`Budget::update`], [`Budget::look_every`]);
+//! every scrub gives back what its pool holds above its share (dirty pages first, oldest
+//! first, then ready ones), and a recycle is refused (the pages discarded, as natively) while
+//! the pools hold it all.
 
-use crate::page::pages;
+use crate::page::{bytes, pages};
+use crate::pool::machine::{Ledger, Machine};
 use crate::sys::cgroup::MemoryCgroup;
-use std::sync::atomic::{AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 /// What the pools may always hold: 128 MiB.
 pub(crate) const FLOOR: u64 = pages(128 << 20);
+
+/// How often the budget is looked at while a cgroup's headroom is under twice
+/// [`fill_reserve`] and the pools hold pages: they must give them back before the programs'
+/// own faults reach the limit.
+pub(crate) const NEAR_EVERY: Duration = Duration::from_millis(10);
+
+/// The headroom a refill step leaves the cgroup's programs, bytes: an eighth of its limit.
+pub(crate) const fn fill_reserve(limit: u64) -> u64 {
+    limit / 8
+}
+
+/// The headroom under which the cgroup's pools hold nothing, bytes: a sixteenth of its limit.
+pub(crate) const fn purge_reserve(limit: u64) -> u64 {
+    limit / 16
+}
+
+/// Pages the pools of all the processes in a cgroup may hold together: an eighth of its limit.
+fn cgroup_pages(limit: u64) -> u64 {
+    pages(usize::try_from(limit / 8).unwrap_or(usize::MAX))
+}
+
+/// Whether one refill step of `step` pages may populate, in a cgroup of `limit` bytes with
+/// `headroom` bytes left, the other processes' pools holding and populating `others`, ours
+/// holding `mine` pages: all the pools stay within the cgroup's share ([`cgroup_pages`]), and
+/// the headroom after this step and the others' keeps [`fill_reserve`]. The same for v1 and
+/// v2: only the files the numbers come from differ (`sys::cgroup`).
+pub(crate) fn fill_allowed(limit: u64, headroom: u64, others: Ledger, mine: u64, step: u64) -> bool {
+    let pooled = others
+        .pooled
+        .saturating_add(others.claims)
+        .saturating_add(mine)
+        .saturating_add(step);
+    let charged = u64::try_from(bytes(others.claims.saturating_add(step))).unwrap_or(u64::MAX);
+    pooled <= cgroup_pages(limit) && headroom >= charged.saturating_add(fill_reserve(limit))
+}
+
+/// A refill step allowed by [`Budget::may_fill`]: its claim in the cgroup's ledger, withdrawn
+/// when it is [done](FillClaim::done) or dropped.
+#[derive(Debug)]
+pub(crate) struct FillClaim<'a> {
+    at: Option<(&'a Machine, u64, u64)>,
+}
+
+impl FillClaim<'_> {
+    /// The step is over, and the pools hold `held` pages: written in the ledger, the claim
+    /// withdrawn.
+    ///
+    /// # Context
+    /// A scrub thread; atomics on the shared page.
+    pub(crate) fn done(self, held: u64) {
+        if let Some((m, key, _)) = self.at {
+            m.ledger_hold(key, held);
+        }
+    }
+}
+
+impl Drop for FillClaim<'_> {
+    fn drop(&mut self) {
+        if let Some((m, key, n)) = self.at.take() {
+            m.ledger_claim(key, n, false);
+        }
+    }
+}
 
 /// The budget, shared by the pools' scrubs and the recycling program threads.
 #[derive(Debug)]
@@ -41,6 +116,12 @@ pub(crate) struct Budget {
     fills: AtomicU64,
     /// Prefills running now: the pools are busy, not idle.
     filling: AtomicU64,
+    /// The cgroup's headroom when last looked at, bytes (`u64::MAX`: no cgroup).
+    headroom: AtomicU64,
+    /// The other processes' pools in the cgroup, held and populating, when last looked at.
+    others: AtomicU64,
+    /// The headroom was under [`purge_reserve`]: the pools hold nothing.
+    pressed: AtomicBool,
 }
 
 /// What the updating scrub remembers between updates: the largest recent release, and when it
@@ -78,6 +159,9 @@ impl Budget {
             reserved: AtomicU64::new(0),
             fills: AtomicU64::new(0),
             filling: AtomicU64::new(0),
+            headroom: AtomicU64::new(u64::MAX),
+            others: AtomicU64::new(0),
+            pressed: AtomicBool::new(false),
         }
     }
 
@@ -99,7 +183,7 @@ impl Budget {
         self.released.fetch_max(n, Relaxed);
         let base = FLOOR.saturating_add(self.reserved.load(Relaxed));
         self.pages
-            .fetch_max(base.saturating_add(n.saturating_mul(2)).min(self.cap(false)), Relaxed);
+            .fetch_max(base.saturating_add(n.saturating_mul(2)).min(self.cap()), Relaxed);
     }
 
     /// A caller asked the pools to hold `n` pages (`Engine::prefill`).
@@ -108,7 +192,7 @@ impl Budget {
     /// A program thread, in `Engine::prefill` ([`Budget::filling`]); atomics only.
     pub(crate) fn reserve(&self, n: u64) {
         self.reserved.fetch_max(n, Relaxed);
-        self.pages.fetch_max(n.min(self.cap(false)), Relaxed);
+        self.pages.fetch_max(n.min(self.cap()), Relaxed);
     }
 
     /// A prefill of `n` pages begins: they are reserved, and the pools are busy until
@@ -148,23 +232,78 @@ impl Budget {
         self.reserved.store(0, Relaxed);
     }
 
-    /// The most the pools may hold: `pool_max`, an eighth of the cgroup's limit, nothing when
-    /// `look` finds the cgroup within a sixteenth of its limit.
-    fn cap(&self, look: bool) -> u64 {
+    /// The most the pools may hold: `pool_max`, what the other processes' pools leave of the
+    /// cgroup's share, nothing under [`purge_reserve`] (as last looked at by [`Budget::look`]).
+    fn cap(&self) -> u64 {
         let Some(cg) = self.cgroup else { return self.max };
-        let eighth = pages(usize::try_from(cg.limit / 8).unwrap_or(usize::MAX));
-        if look && cg.usage().is_some_and(|u| u.saturating_add(cg.limit / 16) >= cg.limit) {
+        if self.pressed.load(Relaxed) {
             return 0;
         }
-        self.max.min(eighth)
+        self.max
+            .min(cgroup_pages(cg.limit).saturating_sub(self.others.load(Relaxed)))
+    }
+
+    /// Reads the cgroup's headroom and its ledger, and writes our line (`held`: pages our pools
+    /// hold).
+    fn look(&self, machine: &Machine, held: u64) {
+        let Some(cg) = self.cgroup else { return };
+        let key = cg.key();
+        machine.ledger_hold(key, held);
+        let others = machine.ledger_others(key);
+        let room = cg.headroom();
+        self.others.store(others.pooled.saturating_add(others.claims), Relaxed);
+        self.headroom.store(room, Relaxed);
+        self.pressed.store(room < purge_reserve(cg.limit), Relaxed);
+    }
+
+    /// How long until the budget is looked at again: `every`, or [`NEAR_EVERY`] while the
+    /// cgroup's headroom is under twice [`fill_reserve`] and the pools hold pages (`held`).
+    ///
+    /// # Context
+    /// A scrub thread; atomics only.
+    pub(crate) fn look_every(&self, every: Duration, held: bool) -> Duration {
+        let near = self
+            .cgroup
+            .is_some_and(|cg| self.headroom.load(Relaxed) < fill_reserve(cg.limit).saturating_mul(2));
+        if near && held {
+            every.min(NEAR_EVERY)
+        } else {
+            every
+        }
+    }
+
+    /// Whether a refill step of `step` pages may populate now, our pools holding `held`: always
+    /// without a cgroup limit; else the step is claimed in the cgroup's ledger, and kept only
+    /// if [`fill_allowed`] (with the headroom read after the claim).
+    ///
+    /// # Context
+    /// A scrub thread, before a refill step; reads the cgroup's files (raw system calls, no
+    /// allocation), atomics on the shared page.
+    pub(crate) fn may_fill<'a>(&self, machine: &'a Machine, held: u64, step: u64) -> Option<FillClaim<'a>> {
+        let Some(cg) = self.cgroup else {
+            return Some(FillClaim { at: None });
+        };
+        if self.pressed.load(Relaxed) {
+            return None;
+        }
+        let key = cg.key();
+        machine.ledger_claim(key, step, true);
+        let claim = FillClaim {
+            at: Some((machine, key, step)),
+        };
+        let others = machine.ledger_others(key);
+        let room = cg.headroom();
+        self.headroom.store(room, Relaxed);
+        fill_allowed(cg.limit, room, others, held, step).then_some(claim)
     }
 
     /// Computes the budget afresh (see the module's docs); `delay` is how long a release counts
-    /// as recent. Returns it.
+    /// as recent, `held` what our pools hold (written in the cgroup's ledger). Returns it.
     ///
     /// # Context
-    /// The first scrub thread, every `scrub::LOOK_EVERY`; reads the cgroup's usage.
-    pub(crate) fn update(&self, recent: &mut Recent, delay: Duration) -> u64 {
+    /// The first scrub thread, every [`Budget::look_every`]; reads the cgroup's files, atomics
+    /// on the shared page.
+    pub(crate) fn update(&self, recent: &mut Recent, delay: Duration, machine: &Machine, held: u64) -> u64 {
         let released = self.released.swap(0, Relaxed);
         if released >= recent.big || recent.since.elapsed() > delay {
             *recent = Recent {
@@ -172,10 +311,11 @@ impl Budget {
                 since: Instant::now(),
             };
         }
+        self.look(machine, held);
         let want = FLOOR
             .saturating_add(self.reserved.load(Relaxed))
             .saturating_add(recent.big.saturating_mul(2));
-        let b = want.min(self.cap(true));
+        let b = want.min(self.cap());
         self.pages.store(b, Relaxed);
         b
     }
@@ -188,27 +328,97 @@ mod tests {
     #[test]
     fn demand_keeps_the_floor_and_twice_a_recent_release() {
         let b = Budget::new(2 << 30, None);
+        let m = Machine::alone();
         let mut r = Recent::default();
-        assert_eq!(b.update(&mut r, Duration::from_secs(1)), FLOOR);
+        assert_eq!(b.update(&mut r, Duration::from_secs(1), &m, 0), FLOOR);
         b.note_release(pages(1 << 30));
         assert_eq!(b.pages(), pages(2 << 30), "raised at once, to pool_max at most");
-        assert_eq!(b.update(&mut r, Duration::from_secs(1)), pages(2 << 30));
+        assert_eq!(b.update(&mut r, Duration::from_secs(1), &m, 0), pages(2 << 30));
         // Still recent: kept.
-        assert_eq!(b.update(&mut r, Duration::from_secs(1)), pages(2 << 30));
+        assert_eq!(b.update(&mut r, Duration::from_secs(1), &m, 0), pages(2 << 30));
         // No longer recent.
-        assert_eq!(b.update(&mut r, Duration::ZERO), FLOOR);
+        assert_eq!(b.update(&mut r, Duration::ZERO, &m, 0), FLOOR);
         b.reserve(pages(1 << 30));
-        assert_eq!(b.update(&mut r, Duration::ZERO), FLOOR + pages(1 << 30));
+        assert_eq!(b.update(&mut r, Duration::ZERO, &m, 0), FLOOR + pages(1 << 30));
         // A release comes on top of the floor and the reserve.
         b.note_release(pages(64 << 20));
         assert_eq!(b.pages(), FLOOR + pages(1 << 30) + pages(128 << 20));
     }
 
+    const MIB: u64 = 1 << 20;
+
+    /// Pages in `mib` MiB.
+    fn p(mib: u64) -> u64 {
+        pages(usize::try_from(mib * MIB).unwrap())
+    }
+
+    #[test]
+    fn a_refill_step_keeps_the_headroom_and_the_cgroups_share() {
+        // The cgroup of the forty children: 2650 MiB; its pools' share and the fill reserve are
+        // an eighth (331 MiB), the purge reserve a sixteenth.
+        let limit = 2650 * MIB;
+        assert_eq!((fill_reserve(limit), purge_reserve(limit)), (limit / 8, limit / 16));
+        let none = Ledger::default();
+        let step = p(2);
+        // Alone, plenty of room.
+        assert!(fill_allowed(limit, 2000 * MIB, none, 0, step));
+        // The step would leave less than the reserve.
+        assert!(fill_allowed(limit, limit / 8 + 2 * MIB, none, 0, step));
+        assert!(!fill_allowed(limit, limit / 8 + 2 * MIB - 1, none, 0, step));
+        // Other processes' steps in flight are not charged yet: they count against the
+        // headroom as if they were.
+        let busy = Ledger {
+            pooled: 0,
+            claims: p(40),
+        };
+        assert!(!fill_allowed(limit, limit / 8 + 40 * MIB, busy, 0, step));
+        assert!(fill_allowed(limit, limit / 8 + 42 * MIB, busy, 0, step));
+        // The others' pools (charged: already in the headroom) and ours share one eighth.
+        let full = Ledger {
+            pooled: p(300),
+            claims: 0,
+        };
+        assert!(fill_allowed(limit, 2000 * MIB, full, p(29), step));
+        assert!(!fill_allowed(limit, 2000 * MIB, full, p(30), step));
+        // Forty processes each asking as if alone: the first few fill the share, the rest
+        // are refused, whatever the headroom.
+        let mut held = Ledger::default();
+        let allowed = (0..40)
+            .filter(|_| {
+                let ok = fill_allowed(limit, 2000 * MIB, held, 0, p(64));
+                if ok {
+                    held.pooled += p(64);
+                }
+                ok
+            })
+            .count();
+        assert_eq!(allowed, 5, "5 x 64 MiB fit in 331 MiB");
+        // An empty limit allows nothing.
+        assert!(!fill_allowed(0, 0, none, 0, 1));
+    }
+
+    #[test]
+    fn the_same_rule_for_v2s_memory_high_and_a_tiny_cgroup() {
+        // v2: the limit is the lower of memory.max and memory.high (sys::cgroup); a cgroup over
+        // memory.high has no headroom.
+        let limit = 256 * MIB;
+        assert!(fill_allowed(limit, 200 * MIB, Ledger::default(), 0, p(2)));
+        assert!(!fill_allowed(limit, 0, Ledger::default(), 0, p(2)));
+        // 32 MiB of pools at most in all.
+        let others = Ledger {
+            pooled: p(30),
+            claims: 0,
+        };
+        assert!(fill_allowed(limit, 200 * MIB, others, 0, p(2)));
+        assert!(!fill_allowed(limit, 200 * MIB, others, 1, p(2)));
+    }
+
     #[test]
     fn a_small_pool_max_bounds_everything() {
         let b = Budget::new(64 << 20, None);
+        let m = Machine::alone();
         let mut r = Recent::default();
-        assert_eq!(b.update(&mut r, Duration::from_secs(1)), pages(64 << 20));
+        assert_eq!(b.update(&mut r, Duration::from_secs(1), &m, 0), pages(64 << 20));
         b.note_release(pages(1 << 30));
         assert_eq!(b.pages(), pages(64 << 20));
     }

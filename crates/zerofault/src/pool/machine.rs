@@ -22,9 +22,9 @@ use std::ffi::CString;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, AtomicU64, Ordering::*};
 use std::time::Duration;
 
-/// "ZFMACH02", little-endian (01 had one heartbeat a slot). Its version is in the file's name
-/// too (`sys::machine::path`).
-const MAGIC: u64 = u64::from_le_bytes(*b"ZFMACH02");
+/// "ZFMACH03", little-endian (02 had no ledger of pool pages). Its version is in the file's
+/// name too (`sys::machine::path`).
+const MAGIC: u64 = u64::from_le_bytes(*b"ZFMACH03");
 
 /// A count whose beat is further than this from now counts for nothing.
 pub(crate) const STALE: Duration = Duration::from_secs(1);
@@ -47,12 +47,21 @@ struct Slot {
     working: AtomicU32,
     /// Its handlers polling now.
     polling: AtomicU32,
-    _reserved: AtomicU32,
+    /// Pages its pools hold (ready and recycled), in the ledger of cgroup `cgroup`.
+    pooled: AtomicU32,
     /// CLOCK_MONOTONIC nanoseconds of the last step a scrub of it began: `working` counts
     /// only while this is fresh.
     beat: AtomicU64,
     /// The same for `polling`: the last poll a handler of it began.
     poll_beat: AtomicU64,
+    /// The memory cgroup whose ledger `pooled` and `claim` are in (`MemoryCgroup::key`); 0:
+    /// none.
+    cgroup: AtomicU64,
+    /// Pages a refill of its is populating now, not charged yet.
+    claim: AtomicU32,
+    _reserved: AtomicU32,
+    /// The same for `pooled` and `claim`: when the process last wrote them.
+    ledger_beat: AtomicU64,
 }
 
 /// Slots in the page.
@@ -232,8 +241,69 @@ impl Machine {
             self.released.store(true, Release);
             s.working.store(0, Relaxed);
             s.polling.store(0, Relaxed);
+            s.pooled.store(0, Relaxed);
+            s.claim.store(0, Relaxed);
+            s.cgroup.store(0, Relaxed);
             s.pid.store(0, Release);
         }
+    }
+
+    /// Writes our line of cgroup `key`'s ledger: our pools hold `pooled` pages.
+    ///
+    /// # Context
+    /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
+    pub(crate) fn ledger_hold(&self, key: u64, pooled: u64) {
+        if let Some((_, s)) = self.page() {
+            s.cgroup.store(key, SeqCst);
+            s.pooled.store(u32::try_from(pooled).unwrap_or(u32::MAX), Relaxed);
+            s.ledger_beat.store(now_ns(), SeqCst);
+        }
+    }
+
+    /// A refill of ours is about to populate `n` pages in cgroup `key` (`claim`), or has
+    /// populated them (`!claim`: they are charged, and in our pools' count). A claim is
+    /// published before the caller reads the cgroup's usage and the others' lines
+    /// ([`Machine::ledger_others`]): of two refills deciding at once, the later sees the
+    /// earlier's claim, or its pages charged.
+    ///
+    /// # Context
+    /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
+    pub(crate) fn ledger_claim(&self, key: u64, n: u64, claim: bool) {
+        if let Some((_, s)) = self.page() {
+            let n = u32::try_from(n).unwrap_or(u32::MAX);
+            if claim {
+                s.cgroup.store(key, SeqCst);
+                s.claim.fetch_add(n, SeqCst);
+            } else {
+                let _ = s.claim.fetch_update(SeqCst, SeqCst, |v| Some(v.saturating_sub(n)));
+            }
+            s.ledger_beat.store(now_ns(), SeqCst);
+        }
+    }
+
+    /// The other processes' lines of cgroup `key`'s ledger, fresh ones only (a process killed
+    /// leaves its line, and the kernel has taken its pages back): (pages their pools hold,
+    /// pages their refills are populating). Other engines of this process count too: they
+    /// share the cgroup.
+    ///
+    /// # Context
+    /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
+    pub(crate) fn ledger_others(&self, key: u64) -> Ledger {
+        let Some((page, mine)) = self.page() else {
+            return Ledger::default();
+        };
+        let now = now_ns();
+        let mut l = Ledger::default();
+        for s in &page.slots {
+            if std::ptr::eq(s, mine) || s.pid.load(Relaxed) == 0 || s.cgroup.load(SeqCst) != key {
+                continue;
+            }
+            if now.abs_diff(s.ledger_beat.load(SeqCst)) <= STALE_NS {
+                l.pooled = l.pooled.saturating_add(u64::from(s.pooled.load(Relaxed)));
+                l.claims = l.claims.saturating_add(u64::from(s.claim.load(SeqCst)));
+            }
+        }
+        l
     }
 
     /// Whether the state is shared (a slot claimed).
@@ -243,6 +313,15 @@ impl Machine {
     pub(crate) fn is_shared(&self) -> bool {
         self.page().is_some()
     }
+}
+
+/// Other processes' lines of one cgroup's ledger ([`Machine::ledger_others`]), in pages.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Ledger {
+    /// What their pools hold.
+    pub(crate) pooled: u64,
+    /// What their refills are populating now.
+    pub(crate) claims: u64,
 }
 
 impl Drop for Machine {
@@ -304,6 +383,10 @@ fn take(s: &Slot, was: i32, pid: i32) -> bool {
     s.polling.store(0, Relaxed);
     s.beat.store(0, Relaxed);
     s.poll_beat.store(0, Relaxed);
+    s.pooled.store(0, Relaxed);
+    s.claim.store(0, Relaxed);
+    s.cgroup.store(0, Relaxed);
+    s.ledger_beat.store(0, Relaxed);
     true
 }
 
@@ -352,14 +435,14 @@ mod tests {
     #[test]
     fn a_missing_file_is_made_private_and_one_page_with_our_header() {
         let d = dir("missing");
-        let f = d.join("zerofault-2.machine");
+        let f = d.join("zerofault-3.machine");
         let m = Machine::open_at(&c(&f), 2).unwrap();
         assert!(m.is_shared());
         let md = std::fs::metadata(&f).unwrap();
         assert_eq!(md.len(), PAGE_SIZE as u64);
         assert_eq!(md.mode() & 0o077, 0, "{:o}", md.mode());
         let bytes = std::fs::read(&f).unwrap();
-        assert_eq!(&bytes[..8], b"ZFMACH02");
+        assert_eq!(&bytes[..8], b"ZFMACH03");
         // A second engine of this process (another process would map the same) takes another
         // slot.
         let m2 = Machine::open_at(&c(&f), 2).unwrap();
@@ -377,7 +460,7 @@ mod tests {
         std::fs::write(&f, vec![0u8; PAGE_SIZE]).unwrap();
         std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o600)).unwrap();
         let m = Machine::open_at(&c(&f), 2).unwrap();
-        assert_eq!(&std::fs::read(&f).unwrap()[..8], b"ZFMACH02");
+        assert_eq!(&std::fs::read(&f).unwrap()[..8], b"ZFMACH03");
         drop(m);
         std::fs::remove_dir_all(&d).unwrap();
     }
@@ -386,7 +469,7 @@ mod tests {
     fn the_runtime_directory_is_used_only_when_private() {
         let d = dir("runtime");
         let p = file::path(Some(d.to_str().unwrap())).unwrap();
-        assert_eq!(p.to_str().unwrap(), d.join("zerofault-2.machine").to_str().unwrap());
+        assert_eq!(p.to_str().unwrap(), d.join("zerofault-3.machine").to_str().unwrap());
         std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
         let p = file::path(Some(d.to_str().unwrap())).unwrap();
         assert!(p.to_str().unwrap().starts_with("/dev/shm/zerofault-"), "{p:?}");
@@ -528,6 +611,67 @@ mod tests {
         assert!(alone.scrub_may_step() && alone.handler_may_poll(100));
         other.pid.store(0, Relaxed);
         drop((a, b));
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_cgroups_ledger_sums_the_other_processes_fresh_lines() {
+        let d = dir("ledger");
+        let f = c(&d.join("m"));
+        let (a, b, x) = (
+            Machine::open_at(&f, 2).unwrap(),
+            Machine::open_at(&f, 2).unwrap(),
+            Machine::open_at(&f, 2).unwrap(),
+        );
+        let none = Ledger::default();
+        assert_eq!(a.ledger_others(7), none);
+        // b holds 100 pages in cgroup 7 and populates 512 more; x is in another cgroup.
+        b.ledger_hold(7, 100);
+        b.ledger_claim(7, 512, true);
+        x.ledger_hold(8, 1000);
+        a.ledger_hold(7, 50);
+        assert_eq!(
+            a.ledger_others(7),
+            Ledger {
+                pooled: 100,
+                claims: 512
+            }
+        );
+        assert_eq!(
+            b.ledger_others(7),
+            Ledger { pooled: 50, claims: 0 },
+            "its own line left out"
+        );
+        assert_eq!(
+            a.ledger_others(8),
+            Ledger {
+                pooled: 1000,
+                claims: 0
+            }
+        );
+        // Two claims of one process (a pool per node), one withdrawn.
+        b.ledger_claim(7, 512, true);
+        b.ledger_claim(7, 512, false);
+        assert_eq!(a.ledger_others(7).claims, 512);
+        b.ledger_claim(7, 512, false);
+        b.ledger_claim(7, 512, false);
+        assert_eq!(a.ledger_others(7).claims, 0, "never below 0");
+        // A line not written for a second (a process killed: the kernel took its pages).
+        let (page, _) = b.page().unwrap();
+        let bs = &page.slots[b.at.unwrap().1];
+        bs.ledger_beat.store(now_ns() - 2 * STALE_NS, Relaxed);
+        assert_eq!(a.ledger_others(7), none);
+        b.ledger_hold(7, 100);
+        assert_eq!(a.ledger_others(7).pooled, 100);
+        // A process leaving takes its line with it; alone, there is no ledger.
+        b.release();
+        assert_eq!(a.ledger_others(7), none);
+        let alone = Machine::alone();
+        alone.ledger_hold(7, 5);
+        alone.ledger_claim(7, 5, true);
+        assert_eq!(alone.ledger_others(7), none);
+        assert_eq!(a.ledger_others(7), none);
+        drop((a, b, x));
         std::fs::remove_dir_all(&d).unwrap();
     }
 

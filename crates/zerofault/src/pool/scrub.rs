@@ -16,7 +16,9 @@
 //! 2. **Refill**: populating 2 MiB at a time (`MADV_POPULATE_WRITE`: the kernel allocates and
 //!    zeroes) until the pool, with the dirty pages on their way, holds `scrub_stop`. Only once
 //!    a sequential writer was seen (the first predicted write fault) or the pool was prefilled:
-//!    a program whose faults are random or read-only pays for no pool at all.
+//!    a program whose faults are random or read-only pays for no pool at all. In a memory
+//!    cgroup, each step only within its headroom, every process's pools counted
+//!    (`budget.rs`: [`crate::pool::budget::Budget::may_fill`]).
 //! 3. **Purge**: dirty batches older than `purge_delay` that still find no room, and pool pages
 //!    above `scrub_stop` when nobody took a page for `purge_delay`, go back to the kernel.
 //!
@@ -42,6 +44,9 @@ use std::sync::atomic::Ordering::*;
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+#[cfg(doc)]
+use super::budget::Budget;
+use super::budget::Recent;
 use super::share::Share;
 pub(crate) use super::zero::choice::MethodChoice;
 #[cfg(doc)]
@@ -373,11 +378,12 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         since: Instant::now(),
     };
     let mut looked = Instant::now();
-    let mut recent = crate::pool::budget::Recent::default();
+    let mut budget_looked = (Instant::now(), Recent::default());
     // A request that came while the scrub rested: taken up when the rest is over.
     let mut deferred = false;
     while !stopping(&shared) {
-        let mut wait = tick.min(LOOK_EVERY);
+        let every = shared.budget.look_every(LOOK_EVERY, shared.pool_held() > 0);
+        let mut wait = tick.min(every);
         if deferred {
             if let Some(r) = share.resting_for(Instant::now()) {
                 wait = wait.min(r + Duration::from_millis(1));
@@ -393,7 +399,9 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
                 shared.step_aside();
                 break;
             }
-            shared.budget.update(&mut recent, shared.opts.purge_delay);
+        }
+        if ix == 0 {
+            look_at_budget(&shared, &mut budget_looked, every);
         }
         probe_tables(&shared, ix, pool);
         let budget = shared.budget.pages() / shared.pools.len() as u64;
@@ -417,6 +425,19 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     }
     let now = clock.read();
     Stats::add(&shared.stats.scrub_cpu_ns, nanos(now.saturating_sub(counted)));
+}
+
+/// The first scrub computes the pools' budget afresh ([`Budget::update`]) when `every` has
+/// passed since `looked`.
+fn look_at_budget(shared: &Shared, looked: &mut (Instant, Recent), every: Duration) {
+    if looked.0.elapsed() < every {
+        return;
+    }
+    looked.0 = Instant::now();
+    let held = shared.pool_held();
+    shared
+        .budget
+        .update(&mut looked.1, shared.opts.purge_delay, &shared.machine, held);
 }
 
 /// Whether the kernel frees emptied page tables, probed once by the first scrub (not on the
@@ -539,7 +560,18 @@ fn refill(shared: &Shared, pool: &Pool, stop: u64, clock: &thread::ThreadClock, 
             break;
         }
         let huge_too = shared.huge_wanted.load(Relaxed);
-        match pool.fill_step(stop.saturating_sub(pool.available()), huge_too, &shared.stats) {
+        // Within the memory cgroup's headroom, with every other process's pools in it.
+        let Some(claim) = shared.budget.may_fill(&shared.machine, shared.pool_held(), PMD_PAGES) else {
+            Stats::add(&shared.stats.scrub_cgroup_skips, 1);
+            break;
+        };
+        let step = pool.fill_step(
+            stop.saturating_sub(pool.available()).min(PMD_PAGES),
+            huge_too,
+            &shared.stats,
+        );
+        claim.done(shared.pool_held());
+        match step {
             Ok(0) => break,
             Ok(_) => {}
             // Out of memory, the node full (`Pool::low`), or a refused populate: the handlers

@@ -2,9 +2,9 @@
 //! shim (`crate::pool::machine` says what it holds and why). Here: where it is, and opening it only
 //! when it is safe to trust.
 //!
-//! The file is `$XDG_RUNTIME_DIR/zerofault-2.machine` when that directory is set, is ours and
+//! The file is `$XDG_RUNTIME_DIR/zerofault-3.machine` when that directory is set, is ours and
 //! is closed to others (mode 0700, the systemd user runtime directory), else
-//! `/dev/shm/zerofault-<euid>-2.machine`. The 2 is the layout's version (`crate::pool::machine`'s
+//! `/dev/shm/zerofault-<euid>-3.machine`. The 3 is the layout's version (`crate::pool::machine`'s
 //! header): engines of another version use another file, and neither locks the other out. It is opened without following a symbolic link and
 //! used only if it is a regular file owned by this effective user, with no permission for
 //! group or others, of exactly one page; a file just made is given that size and its header.
@@ -103,11 +103,11 @@ pub(crate) fn path(runtime_dir: Option<&str>) -> Option<CString> {
         if let Ok(st) = stat_of(None, &c, true) {
             let private = st.st_uid == uid && st.st_mode & libc::S_IFMT == libc::S_IFDIR && st.st_mode & 0o077 == 0;
             if private {
-                return CString::new(format!("{}/zerofault-2.machine", dir.trim_end_matches('/'))).ok();
+                return CString::new(format!("{}/zerofault-3.machine", dir.trim_end_matches('/'))).ok();
             }
         }
     }
-    CString::new(format!("/dev/shm/zerofault-{uid}-2.machine")).ok()
+    CString::new(format!("/dev/shm/zerofault-{uid}-3.machine")).ok()
 }
 
 /// The file at `path` mapped shared, one page, read and write, its page allocated and mapped
