@@ -75,7 +75,7 @@ pub(crate) fn fill_allowed(limit: u64, headroom: u64, others: Ledger, mine: u64,
 /// when it is [done](FillClaim::done) or dropped.
 #[derive(Debug)]
 pub(crate) struct FillClaim<'a> {
-    at: Option<(&'a Machine, u64, u64)>,
+    at: Option<(&'a Machine, u32, u64)>,
 }
 
 impl FillClaim<'_> {

@@ -56,10 +56,9 @@ struct Slot {
     poll_beat: AtomicU64,
     /// The memory cgroup whose ledger `pooled` and `claim` are in (`MemoryCgroup::key`); 0:
     /// none.
-    cgroup: AtomicU64,
+    cgroup: AtomicU32,
     /// Pages a refill of its is populating now, not charged yet.
     claim: AtomicU32,
-    _reserved: AtomicU32,
     /// The same for `pooled` and `claim`: when the process last wrote them.
     ledger_beat: AtomicU64,
 }
@@ -77,6 +76,8 @@ struct Page {
 }
 
 const _: () = assert!(size_of::<Page>() <= PAGE_SIZE);
+// 85 slots: a process and its children by the dozen fit.
+const _: () = assert!(size_of::<Slot>() == 48);
 
 /// CLOCK_MONOTONIC in nanoseconds (the same clock in every process).
 fn now_ns() -> u64 {
@@ -252,7 +253,7 @@ impl Machine {
     ///
     /// # Context
     /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
-    pub(crate) fn ledger_hold(&self, key: u64, pooled: u64) {
+    pub(crate) fn ledger_hold(&self, key: u32, pooled: u64) {
         if let Some((_, s)) = self.page() {
             s.cgroup.store(key, SeqCst);
             s.pooled.store(u32::try_from(pooled).unwrap_or(u32::MAX), Relaxed);
@@ -268,7 +269,7 @@ impl Machine {
     ///
     /// # Context
     /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
-    pub(crate) fn ledger_claim(&self, key: u64, n: u64, claim: bool) {
+    pub(crate) fn ledger_claim(&self, key: u32, n: u64, claim: bool) {
         if let Some((_, s)) = self.page() {
             let n = u32::try_from(n).unwrap_or(u32::MAX);
             if claim {
@@ -288,7 +289,7 @@ impl Machine {
     ///
     /// # Context
     /// A scrub thread; takes no lock and never sleeps (atomics on the shared page).
-    pub(crate) fn ledger_others(&self, key: u64) -> Ledger {
+    pub(crate) fn ledger_others(&self, key: u32) -> Ledger {
         let Some((page, mine)) = self.page() else {
             return Ledger::default();
         };

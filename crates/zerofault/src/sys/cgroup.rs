@@ -154,16 +154,16 @@ impl MemoryCgroup {
     ///
     /// # Context
     /// Any thread; computes, no system call.
-    pub(crate) fn key(&self) -> u64 {
+    pub(crate) fn key(&self) -> u32 {
         let len = self.levels[..self.n_levels]
             .iter()
             .find(|l| l.1 == self.limit)
             .map_or(self.dir_len, |l| l.0);
-        // FNV-1a of the path, the version in the top bit.
-        let h = self.dir[..len].iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
-            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-        });
-        (h >> 1 | u64::from(self.v2) << 63).max(1)
+        // 32-bit FNV-1a of the path (the v1 and v2 roots differ).
+        let h = self.dir[..len]
+            .iter()
+            .fold(0x811c_9dc5u32, |h, &b| (h ^ u32::from(b)).wrapping_mul(0x0100_0193));
+        h.max(1)
     }
 }
 
