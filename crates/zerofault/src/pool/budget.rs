@@ -14,13 +14,14 @@
 //!   kill) a program for pages the engines keep.
 //! - **Headroom.** A refill step populates only while the cgroup's headroom (limit less
 //!   usage, the least over the limited levels), less the steps other processes are
-//!   populating, keeps [`fill_reserve`] (an eighth of the limit) after it ([`Budget::may_fill`],
+//!   populating, keeps [`fill_reserve`] (a quarter of the limit) after it ([`Budget::may_fill`],
 //!   [`fill_allowed`]); the step is claimed in the ledger first, so that forty processes
-//!   starting at once do not each see the same headroom. Below [`purge_reserve`] (a
-//!   sixteenth) the budget is nothing: every pool of the cgroup gives back all it holds, and
-//!   while the headroom is under twice the fill reserve and the pools hold pages the budget
-//!   is looked at every [`NEAR_EVERY`] instead of every `scrub::LOOK_EVERY`, since the
-//!   programs' own faults are charged too.
+//!   starting at once do not each see the same headroom. The programs' own faults are
+//!   charged too: once the headroom is under the fill reserve, each pool gives back what it
+//!   lacks, and under [`purge_reserve`] (an eighth) all it holds, so that the pools are empty
+//!   well before the programs reach the limit. While the headroom is under twice the fill
+//!   reserve and the pools hold pages, the budget is looked at every [`NEAR_EVERY`] instead of
+//!   every `scrub::LOOK_EVERY`.
 //!
 //! The first scrub thread computes it now and then ([`Budget::update`], [`Budget::look_every`]);
 //! every scrub gives back what its pool holds above its share (dirty pages first, oldest
@@ -30,7 +31,7 @@
 use crate::page::{bytes, pages};
 use crate::pool::machine::{Ledger, Machine};
 use crate::sys::cgroup::MemoryCgroup;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::*};
+use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::{Duration, Instant};
 
 /// What the pools may always hold: 128 MiB.
@@ -41,14 +42,27 @@ pub(crate) const FLOOR: u64 = pages(128 << 20);
 /// own faults reach the limit.
 pub(crate) const NEAR_EVERY: Duration = Duration::from_millis(10);
 
-/// The headroom a refill step leaves the cgroup's programs, bytes: an eighth of its limit.
+/// The headroom a refill step leaves the cgroup's programs, bytes: a quarter of its limit.
+/// Under it the pools give back what it lacks.
 pub(crate) const fn fill_reserve(limit: u64) -> u64 {
+    limit / 4
+}
+
+/// The headroom under which the cgroup's pools hold nothing, bytes: an eighth of its limit.
+pub(crate) const fn purge_reserve(limit: u64) -> u64 {
     limit / 8
 }
 
-/// The headroom under which the cgroup's pools hold nothing, bytes: a sixteenth of its limit.
-pub(crate) const fn purge_reserve(limit: u64) -> u64 {
-    limit / 16
+/// What pools holding `held` pages may keep with `headroom` bytes left in a cgroup of
+/// `limit`: all of it above [`fill_reserve`], what the headroom lacks less below it (each
+/// process gives that back: together more than needed, never less), nothing under
+/// [`purge_reserve`].
+pub(crate) fn keep(limit: u64, headroom: u64, held: u64) -> u64 {
+    if headroom < purge_reserve(limit) {
+        return 0;
+    }
+    let lacks = fill_reserve(limit).saturating_sub(headroom);
+    held.saturating_sub(pages(usize::try_from(lacks).unwrap_or(usize::MAX)))
 }
 
 /// Pages the pools of all the processes in a cgroup may hold together: an eighth of its limit.
@@ -120,8 +134,9 @@ pub(crate) struct Budget {
     headroom: AtomicU64,
     /// The other processes' pools in the cgroup, held and populating, when last looked at.
     others: AtomicU64,
-    /// The headroom was under [`purge_reserve`]: the pools hold nothing.
-    pressed: AtomicBool,
+    /// What the pools may keep, as [`keep`] found it at the last look (`u64::MAX`: the
+    /// headroom was above [`fill_reserve`]).
+    keep: AtomicU64,
 }
 
 /// What the updating scrub remembers between updates: the largest recent release, and when it
@@ -161,7 +176,7 @@ impl Budget {
             filling: AtomicU64::new(0),
             headroom: AtomicU64::new(u64::MAX),
             others: AtomicU64::new(0),
-            pressed: AtomicBool::new(false),
+            keep: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -233,14 +248,13 @@ impl Budget {
     }
 
     /// The most the pools may hold: `pool_max`, what the other processes' pools leave of the
-    /// cgroup's share, nothing under [`purge_reserve`] (as last looked at by [`Budget::look`]).
+    /// cgroup's share, what the headroom lets them [`keep`] (as last looked at by
+    /// [`Budget::look`]).
     fn cap(&self) -> u64 {
         let Some(cg) = self.cgroup else { return self.max };
-        if self.pressed.load(Relaxed) {
-            return 0;
-        }
         self.max
             .min(cgroup_pages(cg.limit).saturating_sub(self.others.load(Relaxed)))
+            .min(self.keep.load(Relaxed))
     }
 
     /// Reads the cgroup's headroom and its ledger, and writes our line (`held`: pages our pools
@@ -253,7 +267,12 @@ impl Budget {
         let room = cg.headroom();
         self.others.store(others.pooled.saturating_add(others.claims), Relaxed);
         self.headroom.store(room, Relaxed);
-        self.pressed.store(room < purge_reserve(cg.limit), Relaxed);
+        let keep = if room >= fill_reserve(cg.limit) {
+            u64::MAX
+        } else {
+            keep(cg.limit, room, held)
+        };
+        self.keep.store(keep, Relaxed);
     }
 
     /// How long until the budget is looked at again: `every`, or [`NEAR_EVERY`] while the
@@ -283,8 +302,8 @@ impl Budget {
         let Some(cg) = self.cgroup else {
             return Some(FillClaim { at: None });
         };
-        if self.pressed.load(Relaxed) {
-            return None;
+        if self.keep.load(Relaxed) != u64::MAX {
+            return None; // giving back, not filling
         }
         let key = cg.key();
         machine.ledger_claim(key, step, true);
@@ -354,25 +373,25 @@ mod tests {
 
     #[test]
     fn a_refill_step_keeps_the_headroom_and_the_cgroups_share() {
-        // The cgroup of the forty children: 2650 MiB; its pools' share and the fill reserve are
-        // an eighth (331 MiB), the purge reserve a sixteenth.
+        // The cgroup of the forty children: 2650 MiB; its pools' share is an eighth (331 MiB),
+        // the fill reserve a quarter, the purge reserve an eighth.
         let limit = 2650 * MIB;
-        assert_eq!((fill_reserve(limit), purge_reserve(limit)), (limit / 8, limit / 16));
+        assert_eq!((fill_reserve(limit), purge_reserve(limit)), (limit / 4, limit / 8));
         let none = Ledger::default();
         let step = p(2);
         // Alone, plenty of room.
         assert!(fill_allowed(limit, 2000 * MIB, none, 0, step));
         // The step would leave less than the reserve.
-        assert!(fill_allowed(limit, limit / 8 + 2 * MIB, none, 0, step));
-        assert!(!fill_allowed(limit, limit / 8 + 2 * MIB - 1, none, 0, step));
+        assert!(fill_allowed(limit, limit / 4 + 2 * MIB, none, 0, step));
+        assert!(!fill_allowed(limit, limit / 4 + 2 * MIB - 1, none, 0, step));
         // Other processes' steps in flight are not charged yet: they count against the
         // headroom as if they were.
         let busy = Ledger {
             pooled: 0,
             claims: p(40),
         };
-        assert!(!fill_allowed(limit, limit / 8 + 40 * MIB, busy, 0, step));
-        assert!(fill_allowed(limit, limit / 8 + 42 * MIB, busy, 0, step));
+        assert!(!fill_allowed(limit, limit / 4 + 40 * MIB, busy, 0, step));
+        assert!(fill_allowed(limit, limit / 4 + 42 * MIB, busy, 0, step));
         // The others' pools (charged: already in the headroom) and ours share one eighth.
         let full = Ledger {
             pooled: p(300),
@@ -398,12 +417,27 @@ mod tests {
     }
 
     #[test]
+    fn under_the_fill_reserve_a_pool_gives_back_what_the_headroom_lacks() {
+        let limit = 1024 * MIB;
+        // Above a quarter: all kept.
+        assert_eq!(keep(limit, 256 * MIB, p(100)), p(100));
+        // 56 MiB short of it: 56 MiB given back.
+        assert_eq!(keep(limit, 200 * MIB, p(100)), p(44));
+        assert_eq!(keep(limit, 200 * MIB, p(50)), 0);
+        // Under an eighth: nothing kept.
+        assert_eq!(keep(limit, 128 * MIB, p(200)), p(72));
+        assert_eq!(keep(limit, 128 * MIB - 1, p(1000)), 0);
+        assert_eq!(keep(limit, 0, p(1000)), 0);
+    }
+
+    #[test]
     fn the_same_rule_for_v2s_memory_high_and_a_tiny_cgroup() {
         // v2: the limit is the lower of memory.max and memory.high (sys::cgroup); a cgroup over
         // memory.high has no headroom.
         let limit = 256 * MIB;
         assert!(fill_allowed(limit, 200 * MIB, Ledger::default(), 0, p(2)));
         assert!(!fill_allowed(limit, 0, Ledger::default(), 0, p(2)));
+        assert_eq!(keep(limit, 0, p(10)), 0);
         // 32 MiB of pools at most in all.
         let others = Ledger {
             pooled: p(30),
