@@ -42,6 +42,8 @@ const MADV_POPULATE_WRITE: c_int = 23;
 pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
     let Some(h) = Hook::enter() else { return 0 };
     h.quiet();
+    // No descriptor of the engine's outlives a change of rights (report.rs).
+    crate::report::credentials_changed();
     if for_good != 0 {
         match h.switch_off() {
             Some(e) if e.is_active() => {
