@@ -35,6 +35,7 @@ use crate::pool::{FillError, Pool};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman;
 use crate::sys::raw::Errno;
+use crate::sys::sched;
 use crate::sys::thread::{self, ThreadClock};
 use crate::sys::uffd::Uffd;
 use crate::Shared;
@@ -350,14 +351,21 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pools.get(ix) else { return };
+    let mut bound = None;
     if let (Some(n), Some(node)) = (&shared.numa, pool.node) {
         // Pages this thread makes the kernel allocate outside the bound rings (the `kernel`
         // zeroing method's populate in a dirty ring) come from its node too.
         let _ = crate::sys::numa::prefer(Some(node));
         if let Some(i) = n.topology.index(node).filter(|&i| !n.topology.nodes[i].cpus.is_empty()) {
             let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
+            bound = sched::own_cpus();
         }
     }
+    // Only where the program's threads may run (DESIGN.md, "The program's rights").
+    let mut cpus_seen = 0;
+    let _ = sched::cpus_moved_since(&mut cpus_seen);
+    sched::follow_process_cpus(bound.as_ref());
+    let mut process_cpus = sched::process_cpus();
     probe_tables(&shared, ix, pool);
     let start = pages(shared.opts.scrub_start);
     let stop = pages(shared.opts.scrub_stop);
@@ -389,11 +397,19 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         }
         if ix == 0 && looked.elapsed() >= LOOK_EVERY {
             looked = Instant::now();
-            if thread::traced() {
+            // A tracer, or a real-time policy given from outside (`chrt -p`): the kernel
+            // serves the faults from now on.
+            if thread::traced() || sched::process_realtime() {
                 shared.step_aside();
                 break;
             }
+            if sched::process_cpus_changed(&mut process_cpus) {
+                sched::cpus_moved();
+            }
             shared.budget.update(&mut recent, shared.opts.purge_delay);
+        }
+        if sched::cpus_moved_since(&mut cpus_seen) {
+            sched::follow_process_cpus(bound.as_ref());
         }
         probe_tables(&shared, ix, pool);
         let budget = shared.budget.pages() / shared.pools.len() as u64;
