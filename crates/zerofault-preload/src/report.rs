@@ -384,6 +384,18 @@ mod tests {
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
+    #[test]
+    fn stderrs_copy_is_closed_when_the_credentials_change() {
+        open(None);
+        let fd = REPORT_FD.load(Acquire);
+        assert!(fd >= REPORT_FD_MIN as i32, "{fd}");
+        credentials_changed();
+        assert_eq!(REPORT_FD.load(Acquire), 2, "fd 2 itself from now on");
+        // SAFETY: fcntl F_GETFD on a descriptor number; no pointer.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_GETFD) }, -1, "the copy is closed");
+        REPORT_FD.store(-1, Release);
+    }
+
     /// The descriptors of this process that name `file`.
     fn open_on(file: &std::path::Path) -> usize {
         std::fs::read_dir("/proc/self/fd")

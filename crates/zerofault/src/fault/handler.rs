@@ -59,9 +59,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     // running there (DESIGN.md, "A busy machine").
     crate::sys::thread::short_slice();
     // Only where the program's threads may run (DESIGN.md, "The program's rights").
-    let mut cpus_seen = 0;
-    let _ = sched::cpus_moved_since(&mut cpus_seen);
-    sched::follow_process_cpus(None);
+    let mut cpus = sched::Placement::start(None);
     let mut fail_open = FailOpen {
         shared: &shared,
         index,
@@ -88,9 +86,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     // Until the doorbell rings: a stop is only orderly once every fault queued before it was
     // answered.
     while !h.rung && h.fatal.is_none() && !shared.failed.load(Acquire) {
-        if sched::cpus_moved_since(&mut cpus_seen) {
-            sched::follow_process_cpus(None);
-        }
+        cpus.follow();
         if let Some(m) = h.deferred.pop_front() {
             h.handle_counted(m);
             continue;

@@ -332,6 +332,22 @@ fn park(shared: &Shared) {
     shared.scrubs_parked.fetch_sub(1, AcqRel);
 }
 
+/// A node's pool is scrubbed on that node's CPUs, and the pages this thread makes the kernel
+/// allocate outside the bound rings (the `kernel` zeroing method's populate in a dirty ring)
+/// come from its node too. The CPUs it is bound to, if it is.
+fn bind_to_node(shared: &Shared, pool: &Pool) -> Option<sched::CpuMask> {
+    let (Some(n), Some(node)) = (&shared.numa, pool.node) else {
+        return None;
+    };
+    let _ = crate::sys::numa::prefer(Some(node));
+    let i = n
+        .topology
+        .index(node)
+        .filter(|&i| !n.topology.nodes[i].cpus.is_empty())?;
+    let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
+    sched::own_cpus()
+}
+
 fn stopping(shared: &Shared) -> bool {
     shared.stopping.load(Acquire) || shared.failed.load(Acquire) || shared.exiting.load(Acquire)
 }
@@ -351,21 +367,8 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pools.get(ix) else { return };
-    let mut bound = None;
-    if let (Some(n), Some(node)) = (&shared.numa, pool.node) {
-        // Pages this thread makes the kernel allocate outside the bound rings (the `kernel`
-        // zeroing method's populate in a dirty ring) come from its node too.
-        let _ = crate::sys::numa::prefer(Some(node));
-        if let Some(i) = n.topology.index(node).filter(|&i| !n.topology.nodes[i].cpus.is_empty()) {
-            let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
-            bound = sched::own_cpus();
-        }
-    }
     // Only where the program's threads may run (DESIGN.md, "The program's rights").
-    let mut cpus_seen = 0;
-    let _ = sched::cpus_moved_since(&mut cpus_seen);
-    sched::follow_process_cpus(bound.as_ref());
-    let mut process_cpus = sched::process_cpus();
+    let mut cpus = sched::Placement::start(bind_to_node(&shared, pool));
     probe_tables(&shared, ix, pool);
     let start = pages(shared.opts.scrub_start);
     let stop = pages(shared.opts.scrub_stop);
@@ -403,14 +406,10 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
                 shared.step_aside();
                 break;
             }
-            if sched::process_cpus_changed(&mut process_cpus) {
-                sched::cpus_moved();
-            }
+            cpus.look();
             shared.budget.update(&mut recent, shared.opts.purge_delay);
         }
-        if sched::cpus_moved_since(&mut cpus_seen) {
-            sched::follow_process_cpus(bound.as_ref());
-        }
+        cpus.follow();
         probe_tables(&shared, ix, pool);
         let budget = shared.budget.pages() / shared.pools.len() as u64;
         shrink(&shared, pool, budget);
