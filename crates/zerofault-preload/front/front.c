@@ -930,6 +930,14 @@ EXPORT int sched_setscheduler(pid_t pid, int policy, const struct sched_param *p
     return next(pid, policy, p);
 }
 
+/* glibc's wrapper (2.41), the system call itself: defined here for every glibc. */
+struct sched_attr;
+EXPORT int sched_setattr(pid_t pid, struct sched_attr *attr, unsigned int flags) {
+    if (!tls.in_hook && realtime_policy(attr_policy((long)attr)))
+        AROUND(FOR_GOOD_REALTIME, raw(SYS_sched_setattr, pid, (long)attr, flags, 0, 0, 0));
+    return (int)raw(SYS_sched_setattr, pid, (long)attr, flags, 0, 0, 0);
+}
+
 EXPORT int pthread_setschedparam(pthread_t t, int policy, const struct sched_param *p) {
     int (*next)(pthread_t, int, const struct sched_param *) = NEXT(PTHREAD_SETSCHEDPARAM, int (*)(pthread_t, int, const struct sched_param *));
     if (realtime_policy(policy))

@@ -369,6 +369,10 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let Some(pool) = shared.pools.get(ix) else { return };
     // Only where the program's threads may run (DESIGN.md, "The program's rights").
     let mut cpus = sched::Placement::start(bind_to_node(&shared, pool));
+    // A process real-time from its start (chrt, an exec from a real-time thread).
+    if ix == 0 && sched::process_realtime() {
+        return shared.step_aside();
+    }
     probe_tables(&shared, ix, pool);
     let start = pages(shared.opts.scrub_start);
     let stop = pages(shared.opts.scrub_stop);
