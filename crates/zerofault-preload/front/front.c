@@ -44,6 +44,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -306,9 +307,11 @@ enum {
     S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
     S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP,
-    S_HOLD, S_RELEASE, S_RESTART, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_SHIM_COUNT,
+    S_HOLD, S_RELEASE, S_RESTART, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_CPUS, S_SHIM_COUNT,
     S_SETUID = S_SHIM_COUNT, S_SETGID, S_SETEUID, S_SETEGID, S_SETREUID, S_SETREGID, S_SETRESUID,
-    S_SETRESGID, S_SETGROUPS, S_CAPSET, S_PRCTL, S_UNSHARE, S_SETNS, S_SYSCALL, S_IOCTL, S_COUNT
+    S_SETRESGID, S_SETGROUPS, S_CAPSET, S_PRCTL, S_UNSHARE, S_SETNS, S_SYSCALL, S_IOCTL,
+    S_SCHED_SETAFFINITY, S_PTHREAD_SETAFFINITY, S_SCHED_SETSCHEDULER, S_PTHREAD_SETSCHEDPARAM,
+    S_PTHREAD_SETSCHEDPRIO, S_PTHREAD_CREATE, S_COUNT
 };
 static const char *const names[S_COUNT] = {
     "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
@@ -317,9 +320,11 @@ static const char *const names[S_COUNT] = {
     "zerofault_stats_json", "zerofault_recycle", "munmap",
     "zerofault_hold_threads", "zerofault_release_threads", "zerofault_restart_threads",
     "zerofault_foreign_register",
-    "zerofault_prefault", "zerofault_thp_disabled",
+    "zerofault_prefault", "zerofault_thp_disabled", "zerofault_cpus_changed",
     "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
     "setgroups", "capset", "prctl", "unshare", "setns", "syscall", "ioctl",
+    "sched_setaffinity", "pthread_setaffinity_np", "sched_setscheduler", "pthread_setschedparam",
+    "pthread_setschedprio", "pthread_create",
 };
 static void *nexts[S_COUNT]; /* atomic */
 static void *shim[S_SHIM_COUNT]; /* the shim's definitions, set before state is READY */
@@ -755,7 +760,10 @@ EXPORT size_t zerofault_stats_json(char *buf, size_t cap) {
  * Every other call passes straight on, at the cost of a comparison. The program's raw
  * `syscall` instructions are not seen (README, limits). */
 
-enum { FOLLOW = 0, FOR_GOOD = 1 };
+/* What the engine does around a call: follows it (its threads stopped and started again), or
+ * stops for good before it, for a seccomp filter, a real-time policy, or a restriction of the
+ * calling thread's it cannot follow (the shim's rights.rs words its line after the reason). */
+enum { FOLLOW = 0, FOR_GOOD = 1, FOR_GOOD_REALTIME = 2 };
 
 /* 1 when the threads were stopped and must be started again after the call. */
 static int hold(int how) {
@@ -763,7 +771,7 @@ static int hold(int how) {
         return 0;
     if (load_state() == READY)
         return ((int (*)(int))shim[S_HOLD])(how);
-    if (how == FOR_GOOD && getpid() == owner) {
+    if (how >= FOR_GOOD && getpid() == owner) {
         /* Before the shim is loaded: it never is (a filter may refuse what loading it calls,
          * or what the engine's threads call, and kill the process for it). Not from a vfork
          * child, whose memory, and so this state, is its parent's. */
@@ -866,6 +874,100 @@ __attribute__((unused)) static long next_syscall(long n, long a, long b, long c,
     return NEXT(SYSCALL, long (*)(long, ...))(n, a, b, c, d, e, f);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* CPU placement and priority (rights.rs, "CPUs and priority")
+ *
+ * - A change of the CPUs a program thread may use: the engine's threads are given the main
+ *   thread's (the process's) CPUs after it.
+ * - A real-time policy (SCHED_FIFO, SCHED_RR, SCHED_DEADLINE) for any program thread: the
+ *   engine stops for good before the call. A real-time thread's fault would wait for a
+ *   SCHED_OTHER handler, behind every real-time thread of the CPU: the kernel serves it at once. */
+
+#ifndef SCHED_DEADLINE
+#define SCHED_DEADLINE 6
+#endif
+
+static int realtime_policy(long policy) {
+    policy &= ~(long)SCHED_RESET_ON_FORK;
+    return policy == SCHED_FIFO || policy == SCHED_RR || policy == SCHED_DEADLINE;
+}
+
+/* The policy a `struct sched_attr` at `at` asks for (a u32 size, then a u32 policy), read
+ * without faulting (the kernel says EFAULT of a bad pointer, the program must see that, not a
+ * crash); -1 if unreadable. */
+static long attr_policy(long at) {
+    uint32_t head[2];
+    struct iovec here = {head, sizeof head}, there = {(void *)at, sizeof head};
+    if (raw(SYS_process_vm_readv, raw(SYS_getpid, 0, 0, 0, 0, 0, 0), (long)&here, 1, (long)&there, 1, 0) != sizeof head)
+        return -1;
+    return head[1];
+}
+
+/* After a call that changed a program thread's CPUs and returned `r`. */
+static long cpus_changed(long r) {
+    if (r == 0 && !tls.in_hook && load_state() == READY) {
+        int saved = errno;
+        ((void (*)(void))shim[S_CPUS])();
+        errno = saved;
+    }
+    return r;
+}
+
+EXPORT int sched_setaffinity(pid_t pid, size_t size, const cpu_set_t *set) {
+    return (int)cpus_changed(NEXT(SCHED_SETAFFINITY, int (*)(pid_t, size_t, const cpu_set_t *))(pid, size, set));
+}
+
+EXPORT int pthread_setaffinity_np(pthread_t t, size_t size, const cpu_set_t *set) {
+    int r = NEXT(PTHREAD_SETAFFINITY, int (*)(pthread_t, size_t, const cpu_set_t *))(t, size, set);
+    cpus_changed(r == 0 ? 0 : -1);
+    return r;
+}
+
+EXPORT int sched_setscheduler(pid_t pid, int policy, const struct sched_param *p) {
+    int (*next)(pid_t, int, const struct sched_param *) = NEXT(SCHED_SETSCHEDULER, int (*)(pid_t, int, const struct sched_param *));
+    if (realtime_policy(policy))
+        AROUND(FOR_GOOD_REALTIME, next(pid, policy, p));
+    return next(pid, policy, p);
+}
+
+/* glibc's wrapper (2.41), the system call itself: defined here for every glibc. */
+struct sched_attr;
+EXPORT int sched_setattr(pid_t pid, struct sched_attr *attr, unsigned int flags) {
+    if (!tls.in_hook && realtime_policy(attr_policy((long)attr)))
+        AROUND(FOR_GOOD_REALTIME, raw(SYS_sched_setattr, pid, (long)attr, flags, 0, 0, 0));
+    return (int)raw(SYS_sched_setattr, pid, (long)attr, flags, 0, 0, 0);
+}
+
+EXPORT int pthread_setschedparam(pthread_t t, int policy, const struct sched_param *p) {
+    int (*next)(pthread_t, int, const struct sched_param *) = NEXT(PTHREAD_SETSCHEDPARAM, int (*)(pthread_t, int, const struct sched_param *));
+    if (realtime_policy(policy))
+        AROUND(FOR_GOOD_REALTIME, next(t, policy, p));
+    return next(t, policy, p);
+}
+
+/* Only a real-time thread has a priority to change: one made real-time where the engine could
+ * not see it (chrt from outside) stops it now. */
+EXPORT int pthread_setschedprio(pthread_t t, int prio) {
+    int (*next)(pthread_t, int) = NEXT(PTHREAD_SETSCHEDPRIO, int (*)(pthread_t, int));
+    int policy;
+    struct sched_param sp;
+    if (pthread_getschedparam(t, &policy, &sp) == 0 && realtime_policy(policy))
+        AROUND(FOR_GOOD_REALTIME, next(t, prio));
+    return next(t, prio);
+}
+
+/* A thread created real-time (an explicit policy in its attributes). One that inherits its
+ * creator's policy is real-time only if its creator is, which the engine saw. */
+EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+    int (*next)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *) =
+        NEXT(PTHREAD_CREATE, int (*)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *));
+    int inherit, policy;
+    if (attr && pthread_attr_getinheritsched(attr, &inherit) == 0 && inherit == PTHREAD_EXPLICIT_SCHED &&
+        pthread_attr_getschedpolicy(attr, &policy) == 0 && realtime_policy(policy))
+        AROUND(FOR_GOOD_REALTIME, next(t, attr, fn, arg));
+    return next(t, attr, fn, arg);
+}
+
 /* Whether futex operation `op` uses its fifth argument as a second word. */
 static int futex_second_word(long op) {
     switch (op & FUTEX_CMD_MASK) {
@@ -942,6 +1044,17 @@ EXPORT long syscall(long n, ...) {
         }
         break;
     }
+    case SYS_sched_setscheduler:
+        if (realtime_policy(b))
+            AROUND(FOR_GOOD_REALTIME, raw(n, a, b, c, d, e, f));
+        break;
+    case SYS_sched_setattr:
+        if (realtime_policy(attr_policy(b)))
+            AROUND(FOR_GOOD_REALTIME, raw(n, a, b, c, d, e, f));
+        break;
+    case SYS_sched_setaffinity:
+        return cpus_changed(raw(n, a, b, c, d, e, f));
+    case SYS_landlock_restrict_self:
     case SYS_setuid:
     case SYS_setgid:
     case SYS_setreuid:

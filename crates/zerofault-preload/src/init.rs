@@ -138,8 +138,8 @@ fn init_options() {
 }
 
 /// Where the exit report goes, set up at start-up (`ZEROFAULT_STATS`): a copy of stderr (`on`,
-/// `json`) or the file (a path), on a descriptor of [`REPORT_FD_MIN`] or more; for `on`, the
-/// counters' block shared with fork children.
+/// `json`) on a descriptor of 512 or more, or the file's path (a path: checked now, opened when
+/// the report is written; report.rs); for `on`, the counters' block shared with fork children.
 fn open_report(out: &StatsOut) {
     match out {
         StatsOut::Off => return,

@@ -32,8 +32,9 @@ use std::sync::Mutex;
 const MADV_POPULATE_WRITE: c_int = 23;
 
 /// The engine's threads, stopped around a call that changes the process's rights; or the
-/// engine stopped for good (`for_good`, before a seccomp filter). Returns 1 when the caller
-/// must call [`zerofault_release_threads`] after its call.
+/// engine stopped for good (`for_good`: 1 before a seccomp filter, [`FOR_GOOD_REALTIME`]
+/// before a real-time policy). Returns 1 when the caller must call
+/// [`zerofault_release_threads`] after its call.
 ///
 /// # Context
 /// A program thread, from the front's hook, before the call, inside the hook scope, quiet;
@@ -42,22 +43,29 @@ const MADV_POPULATE_WRITE: c_int = 23;
 pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
     let Some(h) = Hook::enter() else { return 0 };
     h.quiet();
+    // No descriptor of the engine's outlives a change of rights (report.rs).
+    crate::report::credentials_changed();
     if for_good != 0 {
+        let why = match for_good {
+            FOR_GOOD_REALTIME => {
+                "the program gives a thread a real-time policy (its faults must not wait for \
+                                  a handler behind the real-time threads of its CPU)"
+            }
+            _ => "the program installs a seccomp filter (it may refuse the engine's calls)",
+        };
         match h.switch_off() {
             Some(e) if e.is_active() => {
                 e.stop_for_good();
                 if e.options().verbose {
                     say(&format!(
-                        "zerofault: engine stopped in pid {}: the program installs a seccomp filter; \
-                         the kernel serves its faults from now on",
+                        "zerofault: engine stopped in pid {}: {why}; the kernel serves its faults from now on",
                         state::getpid()
                     ));
                 }
             }
             Some(_) => {}
             None if state::verbose() => say(&format!(
-                "zerofault: engine not started in pid {}: the program installs a seccomp filter \
-                 (it may refuse the engine's calls); running on plain memory",
+                "zerofault: engine not started in pid {}: {why}; running on plain memory",
                 state::getpid()
             )),
             None => {}
@@ -80,6 +88,10 @@ pub extern "C" fn zerofault_hold_threads(for_good: c_int) -> c_int {
         _ => 0,
     }
 }
+
+/// `for_good` of [`zerofault_hold_threads`] before a real-time policy (the front's
+/// `FOR_GOOD_REALTIME`).
+const FOR_GOOD_REALTIME: c_int = 2;
 
 /// After a set*id call of glibc's that succeeded: the engine's threads are stopped and started
 /// again from the calling thread, which hands them the new credentials. Not before the call,
@@ -240,6 +252,19 @@ pub fn renew_foreign(h: &Hook, addr: usize, len: usize) -> bool {
         let _ = unsafe { e.adopt(addr, len, false) };
     }
     true
+}
+
+/// A program thread's CPUs changed (`sched_setaffinity`, `pthread_setaffinity_np`): the
+/// engine's threads are given the process's, so that they run only where the program's may.
+///
+/// # Context
+/// A program thread, from the front's hook, after the call, inside the hook scope; takes the
+/// engine's threads' lock.
+#[no_mangle]
+pub extern "C" fn zerofault_cpus_changed() {
+    if let Some(e) = Hook::enter().as_ref().and_then(Hook::running) {
+        e.follow_cpus();
+    }
 }
 
 /// `prctl(PR_SET_THP_DISABLE, on)` succeeded: the engine moves no huge page into the program's

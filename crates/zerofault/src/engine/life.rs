@@ -230,6 +230,21 @@ impl Engine {
         }
     }
 
+    /// A program thread's CPUs changed (`sched_setaffinity`, `pthread_setaffinity_np`): every
+    /// engine thread is given the process's (its main thread's) now, so that none runs where
+    /// the program may not; each takes them again at its next look, within its NUMA node's.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, after the call; takes the threads' lock; does not sleep.
+    pub fn follow_cpus(&self) {
+        let Some(cpus) = sys::sched::process_cpus() else { return };
+        let t = self.threads.lock().unwrap_or_else(|e| e.into_inner());
+        for th in t.handlers.iter().chain(&t.scrubbers) {
+            sys::sched::set_cpus(th.tid() as usize, &cpus);
+        }
+        sys::sched::cpus_moved();
+    }
+
     /// Hands every fault to the kernel for the rest of the process's life, the threads stopped:
     /// before a call whose consequences the engine cannot follow (a seccomp filter, which may
     /// refuse the calls an engine thread makes).

@@ -10,6 +10,7 @@ use crate::pool::zero::source::ZeroSource;
 use crate::stats::{nanos, Stats};
 use crate::sys::mman::Mapping;
 use crate::sys::raw::Errno;
+use crate::sys::sched;
 use crate::sys::thread::ThreadClock;
 use crate::sys::uffd::{Msg, Progress, Uffd};
 use crate::Shared;
@@ -57,6 +58,8 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     // A fault waits for this thread to wake: on a busy CPU, not a slice behind the thread
     // running there (DESIGN.md, "A busy machine").
     crate::sys::thread::short_slice();
+    // Only where the program's threads may run (DESIGN.md, "The program's rights").
+    let mut cpus = sched::Placement::start(None);
     let mut fail_open = FailOpen {
         shared: &shared,
         index,
@@ -83,6 +86,7 @@ pub(crate) fn run(shared: Arc<Shared>, index: usize) {
     // Until the doorbell rings: a stop is only orderly once every fault queued before it was
     // answered.
     while !h.rung && h.fatal.is_none() && !shared.failed.load(Acquire) {
+        cpus.follow();
         if let Some(m) = h.deferred.pop_front() {
             h.handle_counted(m);
             continue;

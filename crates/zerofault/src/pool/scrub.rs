@@ -37,6 +37,7 @@ use crate::pool::{FillError, Pool};
 use crate::stats::{nanos, Stats};
 use crate::sys::mman;
 use crate::sys::raw::Errno;
+use crate::sys::sched;
 use crate::sys::thread::{self, ThreadClock};
 use crate::sys::uffd::Uffd;
 use crate::Shared;
@@ -336,6 +337,22 @@ fn park(shared: &Shared) {
     shared.scrubs_parked.fetch_sub(1, AcqRel);
 }
 
+/// A node's pool is scrubbed on that node's CPUs, and the pages this thread makes the kernel
+/// allocate outside the bound rings (the `kernel` zeroing method's populate in a dirty ring)
+/// come from its node too. The CPUs it is bound to, if it is.
+fn bind_to_node(shared: &Shared, pool: &Pool) -> Option<sched::CpuMask> {
+    let (Some(n), Some(node)) = (&shared.numa, pool.node) else {
+        return None;
+    };
+    let _ = crate::sys::numa::prefer(Some(node));
+    let i = n
+        .topology
+        .index(node)
+        .filter(|&i| !n.topology.nodes[i].cpus.is_empty())?;
+    let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
+    sched::own_cpus()
+}
+
 fn stopping(shared: &Shared) -> bool {
     shared.stopping.load(Acquire) || shared.failed.load(Acquire) || shared.exiting.load(Acquire)
 }
@@ -355,13 +372,11 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
     let clock = thread::ThreadClock::current();
     let mut counted = Duration::ZERO;
     let Some(pool) = shared.pools.get(ix) else { return };
-    if let (Some(n), Some(node)) = (&shared.numa, pool.node) {
-        // Pages this thread makes the kernel allocate outside the bound rings (the `kernel`
-        // zeroing method's populate in a dirty ring) come from its node too.
-        let _ = crate::sys::numa::prefer(Some(node));
-        if let Some(i) = n.topology.index(node).filter(|&i| !n.topology.nodes[i].cpus.is_empty()) {
-            let _ = crate::sys::numa::bind_to_cpus(&n.topology.nodes[i].cpus);
-        }
+    // Only where the program's threads may run (DESIGN.md, "The program's rights").
+    let mut cpus = sched::Placement::start(bind_to_node(&shared, pool));
+    // A process real-time from its start (chrt, an exec from a real-time thread).
+    if ix == 0 && sched::process_realtime() {
+        return shared.step_aside();
     }
     probe_tables(&shared, ix, pool);
     let start = pages(shared.opts.scrub_start);
@@ -395,14 +410,18 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         }
         if ix == 0 && looked.elapsed() >= LOOK_EVERY {
             looked = Instant::now();
-            if thread::traced() {
+            // A tracer, or a real-time policy given from outside (`chrt -p`): the kernel
+            // serves the faults from now on.
+            if thread::traced() || sched::process_realtime() {
                 shared.step_aside();
                 break;
             }
+            cpus.look();
         }
         if ix == 0 {
             look_at_budget(&shared, &mut budget_looked, every);
         }
+        cpus.follow();
         probe_tables(&shared, ix, pool);
         let budget = shared.budget.pages() / shared.pools.len() as u64;
         shrink(&shared, pool, budget);

@@ -4,6 +4,7 @@
 
 use super::raw;
 use super::thread::gettid;
+use std::sync::atomic::{AtomicU64, Ordering::*};
 use std::time::Duration;
 
 /// `struct sched_attr`, its first version (48 bytes).
@@ -113,6 +114,167 @@ pub(crate) fn allowed_cpus() -> usize {
         Err(_) => online_cpus(),
     }
 }
+
+/// A CPU mask as sched_getaffinity writes it, up to 4096 CPUs.
+pub(crate) type CpuMask = [u64; 64];
+
+/// The CPUs thread `tid` may run on (0: the calling thread; the process's id: its main
+/// thread), with a raw system call (no /proc path: it works in a chroot, under Landlock).
+fn cpus_of(tid: usize) -> Option<CpuMask> {
+    let mut mask = [0u64; 64];
+    // SAFETY: the kernel writes at most `size_of_val(&mask)` bytes into `mask`.
+    unsafe {
+        raw::call(
+            libc::SYS_sched_getaffinity,
+            [tid, std::mem::size_of_val(&mask), mask.as_mut_ptr() as usize, 0, 0, 0],
+        )
+    }
+    .ok()?;
+    Some(mask)
+}
+
+/// The CPUs the process's main thread may run on: what `taskset -p` and a one-threaded
+/// program's `sched_setaffinity` change, and what the engine's threads are given.
+///
+/// # Context
+/// Any thread; one system call.
+pub(crate) fn process_cpus() -> Option<CpuMask> {
+    cpus_of(getpid())
+}
+
+/// The process's id, as a system call argument.
+fn getpid() -> usize {
+    // SAFETY: getpid has no arguments and no side effect.
+    usize::try_from(unsafe { raw::syscall(libc::SYS_getpid, [0; 6]) }).unwrap_or(0)
+}
+
+/// Gives thread `tid` (0: the calling thread) the CPUs of `mask` (the kernel keeps them within
+/// the thread's cpuset). Whether it was accepted.
+///
+/// # Context
+/// Any thread of the process (a program thread in a hook, for the engine's threads); one
+/// system call.
+pub(crate) fn set_cpus(tid: usize, mask: &CpuMask) -> bool {
+    // SAFETY: sched_setaffinity reads `size_of_val(mask)` bytes from `mask`.
+    unsafe {
+        raw::call(
+            libc::SYS_sched_setaffinity,
+            [tid, std::mem::size_of_val(mask), mask.as_ptr() as usize, 0, 0, 0],
+        )
+    }
+    .is_ok()
+}
+
+/// Bumped each time the process's CPUs were found changed: an engine thread that sees it
+/// moved takes the process's CPUs itself ([`follow_process_cpus`]).
+static CPUS_MOVED: AtomicU64 = AtomicU64::new(0);
+
+/// Says that the process's CPUs changed: every engine thread takes them at its next look.
+///
+/// # Context
+/// Any thread; one atomic add.
+pub(crate) fn cpus_moved() {
+    CPUS_MOVED.fetch_add(1, Release);
+}
+
+/// Whether the process's CPUs changed since `seen` (which is brought up to date): one atomic
+/// load, for a thread's loop.
+fn cpus_moved_since(seen: &mut u64) -> bool {
+    let now = CPUS_MOVED.load(Acquire);
+    std::mem::replace(seen, now) != now
+}
+
+/// The CPUs the calling thread may run on.
+///
+/// # Context
+/// Any thread; one system call.
+pub(crate) fn own_cpus() -> Option<CpuMask> {
+    cpus_of(0)
+}
+
+/// Whether the process's CPUs differ from `last` (which is brought up to date); for the
+/// engine's periodic look, which sees what no hook does (`taskset -p` from outside).
+fn process_cpus_changed(last: &mut Option<CpuMask>) -> bool {
+    let now = process_cpus();
+    now.is_some() && std::mem::replace(last, now) != now
+}
+
+/// Gives the calling thread the CPUs of the process's main thread, or those of them within
+/// `within` (a NUMA node's, for a thread bound to one) when there are any.
+fn follow_process_cpus(within: Option<&CpuMask>) {
+    let Some(mut main) = process_cpus() else { return };
+    if let Some(w) = within {
+        let mut both = main;
+        both.iter_mut().zip(w).for_each(|(m, w)| *m &= w);
+        if both.iter().any(|&m| m != 0) {
+            main = both;
+        }
+    }
+    if cpus_of(0) != Some(main) {
+        set_cpus(0, &main);
+    }
+}
+
+/// An engine thread's place among the CPUs: the process's (its main thread's), within those
+/// of the thread's NUMA node when it is bound to one, taken again whenever they change.
+pub(crate) struct Placement {
+    within: Option<CpuMask>,
+    seen: u64,
+    process: Option<CpuMask>,
+}
+
+impl Placement {
+    /// For the calling thread, at its start: it takes the process's CPUs (within `within`).
+    ///
+    /// # Context
+    /// An engine thread, at its start; two or three system calls.
+    pub(crate) fn start(within: Option<CpuMask>) -> Placement {
+        let mut p = Placement {
+            within,
+            seen: 0,
+            process: process_cpus(),
+        };
+        let _ = cpus_moved_since(&mut p.seen);
+        follow_process_cpus(p.within.as_ref());
+        p
+    }
+
+    /// The periodic look of one engine thread: a change of the process's CPUs no hook saw
+    /// (`taskset -p` from outside) is told to every engine thread.
+    ///
+    /// # Context
+    /// An engine thread (the first scrub, every `LOOK_EVERY`); one system call.
+    pub(crate) fn look(&mut self) {
+        if process_cpus_changed(&mut self.process) {
+            cpus_moved();
+        }
+    }
+
+    /// In the thread's loop: one atomic load; the process's CPUs taken again if they moved.
+    ///
+    /// # Context
+    /// An engine thread, in its loop; no lock, no sleep.
+    pub(crate) fn follow(&mut self) {
+        if cpus_moved_since(&mut self.seen) {
+            follow_process_cpus(self.within.as_ref());
+        }
+    }
+}
+
+/// Whether the process's main thread has a real-time policy (`SCHED_FIFO`, `SCHED_RR`,
+/// `SCHED_DEADLINE`), looked at where no hook sees the program's threads change it (`chrt -p` from outside).
+///
+/// # Context
+/// Any thread; two system calls.
+pub(crate) fn process_realtime() -> bool {
+    // SAFETY: sched_getscheduler takes no pointer.
+    let policy = unsafe { raw::syscall(libc::SYS_sched_getscheduler, [getpid(), 0, 0, 0, 0, 0]) };
+    let policy = i32::try_from(policy).unwrap_or(-1) & !libc::SCHED_RESET_ON_FORK;
+    matches!(policy, libc::SCHED_FIFO | libc::SCHED_RR | SCHED_DEADLINE)
+}
+
+/// `SCHED_DEADLINE`.
+const SCHED_DEADLINE: i32 = 6;
 
 /// Number of online CPUs.
 pub(crate) fn online_cpus() -> usize {
