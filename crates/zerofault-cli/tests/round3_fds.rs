@@ -167,3 +167,38 @@ fn at_the_map_count_limit_the_program_keeps_its_mappings() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Catches an engine that no longer sees a tracer once the program lost /proc (chroot into an
+/// empty directory; /proc unmounted in a mount namespace of its own): it never stepped aside,
+/// and the debugger's read of a word the program never touched failed with EIO for good
+/// instead of reading 0. The engine must step aside once it cannot look.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_tracer_reads_memory_after_the_program_lost_proc() {
+    let dir = temp_dir("r3-chroot");
+    let prog = cc("fds", &dir, false);
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let empty = empty.to_str().unwrap();
+    let mut failures = vec![];
+    for args in [&["chroot", empty][..], &["umount"]] {
+        let native = go(&mut plain(&prog, args));
+        assert_eq!(
+            (native.status.code(), stdout(&native).as_str()),
+            (Some(0), "tracer read: 0 errno 0\n"),
+            "natively {args:?}: {}",
+            stderr(&native)
+        );
+        let shim = go(&mut shimmed(&prog, true, args));
+        let steps_aside = common::counter(&shim, "steps_aside");
+        if !shim.status.success() || stdout(&shim) != stdout(&native) || steps_aside != 1 {
+            failures.push(format!(
+                "{args:?}: {}, {}steps_aside {steps_aside}",
+                shim.status,
+                stdout(&shim)
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -10,17 +10,28 @@
  *                  that none merge) until mmap fails; then malloc(1000) and fopen of
  *                  /proc/self/maps at the limit: prints "at the limit: malloc ok, fopen ok";
  *                  the number of mappings made goes to stderr as "maps=N"
+ *   fds chroot DIR / fds umount
+ *                  two 64 MiB blocks written, then the program loses /proc: it chroots into
+ *                  the empty directory DIR, or unmounts /proc in a mount namespace of its own;
+ *                  then a tracer (a forked child) PTRACE_SEIZEs it, interrupts it 0.3 s later
+ *                  and PEEKs a word of a block the program never touched: prints
+ *                  "tracer read: V errno E" (natively 0 and 0)
  *
  * A small malloc is made first in every mode, so that the C library's heap exists before any
  * limit is reached (a first heap at the map-count limit fails natively too). */
+#define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/ptrace.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #define MB (1ul << 20)
@@ -104,6 +115,39 @@ static int maps(void) {
     return 0;
 }
 
+static int lose_proc(const char *how, const char *dir) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    write_blocks(2);
+    usleep(300000);
+    if (dir) {
+        if (chroot(dir) || chdir("/")) { perror("chroot"); return 1; }
+    } else {
+        if (unshare(CLONE_NEWNS)) { perror("unshare"); return 1; }
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) { perror("mount"); return 1; }
+        if (umount2("/proc", MNT_DETACH)) { perror("umount /proc"); return 1; }
+    }
+    if (access("/proc/self/status", R_OK) == 0) { fprintf(stderr, "%s: /proc still there\n", how); return 1; }
+    usleep(300000);
+    unsigned char *fresh = malloc(64 * MB);
+    keep(fresh);
+    pid_t me = getpid(), tracer = fork();
+    if (tracer == 0) {
+        if (ptrace(PTRACE_SEIZE, me, 0, 0)) { perror("PTRACE_SEIZE"); _exit(2); }
+        usleep(300000);
+        ptrace(PTRACE_INTERRUPT, me, 0, 0);
+        int ws;
+        waitpid(me, &ws, __WALL);
+        errno = 0;
+        long v = ptrace(PTRACE_PEEKDATA, me, fresh + 32 * MB, 0);
+        printf("tracer read: %ld errno %d\n", v, errno);
+        ptrace(PTRACE_DETACH, me, 0, 0);
+        _exit(0);
+    }
+    int st;
+    if (waitpid(tracer, &st, 0) != tracer || !WIFEXITED(st) || WEXITSTATUS(st)) return 1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     void *first = malloc(16);
     keep(first);
@@ -111,6 +155,8 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "nofile")) return nofile(atoi(argv[2]));
     if (argc == 2 && !strcmp(argv[1], "list")) return list();
     if (argc == 2 && !strcmp(argv[1], "maps")) return maps();
-    fprintf(stderr, "usage: fds nofile N | list | maps\n");
+    if (argc == 3 && !strcmp(argv[1], "chroot")) return lose_proc("chroot", argv[2]);
+    if (argc == 2 && !strcmp(argv[1], "umount")) return lose_proc("umount", NULL);
+    fprintf(stderr, "usage: fds nofile N | list | maps | chroot DIR | umount\n");
     return 2;
 }

@@ -389,7 +389,7 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         }
         if ix == 0 && looked.elapsed() >= LOOK_EVERY {
             looked = Instant::now();
-            if thread::traced() {
+            if thread::traced_or_unknown() {
                 shared.step_aside();
                 break;
             }
@@ -435,8 +435,9 @@ fn probe_tables(shared: &Shared, ix: usize, pool: &Pool) {
 
 /// How often the first scrub thread looks whether a tracer attached to the process (a
 /// debugger reads memory with no way to wait for the engine: /proc/PID/mem, ptrace; the engine
-/// then steps aside for good, DESIGN.md, "The program's rights") and computes the pools'
-/// memory budget afresh ([`crate::pool::budget`]).
+/// then steps aside for good, DESIGN.md, "The program's rights"; it does so too once it can no
+/// longer look, `thread::traced_or_unknown`) and computes the pools' memory budget afresh
+/// ([`crate::pool::budget`]).
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// Gives back what `pool` holds above `keep` pages: recycled pages first, oldest first (not
