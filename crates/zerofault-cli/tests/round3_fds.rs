@@ -128,7 +128,10 @@ const ENGINE_MAPS: i64 = 64;
 /// Catches the engine's metadata taking a mapping per allocator chunk (hundreds at tens of
 /// thousands of regions, so that the program made that many fewer) and its allocator failing
 /// at the limit, which with `--stats` aborted the process ("memory allocation of 416 bytes
-/// failed"). The limit is lowered to 20000 for the test (restored after).
+/// failed"), and the C library's heap, first made at the limit under the shim (its first
+/// large request never reached the C library, whose first call sets its heap up), so that
+/// malloc(1000) and fopen failed there. The limit is lowered to 20000 for the test (restored
+/// after).
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn at_the_map_count_limit_the_program_keeps_its_mappings() {

@@ -17,8 +17,9 @@
  *                  and PEEKs a word of a block the program never touched: prints
  *                  "tracer read: V errno E" (natively 0 and 0)
  *
- * A small malloc is made first in every mode, so that the C library's heap exists before any
- * limit is reached (a first heap at the map-count limit fails natively too). */
+ * In "maps" mode the program's first malloc is the 64 MiB block (natively that call sets the C
+ * library's heap up; a heap first made at the limit fails natively too), in the others a
+ * small one. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <errno.h>
@@ -149,12 +150,12 @@ static int lose_proc(const char *how, const char *dir) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "maps")) return maps();
     void *first = malloc(16);
     keep(first);
     free(first);
     if (argc == 3 && !strcmp(argv[1], "nofile")) return nofile(atoi(argv[2]));
     if (argc == 2 && !strcmp(argv[1], "list")) return list();
-    if (argc == 2 && !strcmp(argv[1], "maps")) return maps();
     if (argc == 3 && !strcmp(argv[1], "chroot")) return lose_proc("chroot", argv[2]);
     if (argc == 2 && !strcmp(argv[1], "umount")) return lose_proc("umount", NULL);
     fprintf(stderr, "usage: fds nofile N | list | maps | chroot DIR | umount\n");
