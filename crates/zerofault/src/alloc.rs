@@ -13,13 +13,14 @@
 //! ## Shape
 //! - **Small** requests (size and alignment at most [`MAX_SMALL`], 32 KiB) go to one of 22 size
 //!   classes, two per doubling (16, 32, 48, 64, 96, 128, 192, ..., 24 KiB, 32 KiB). A class's
-//!   objects are carved in order from chunks of [`CHUNK`] (256 KiB) bytes, each mapped aligned to
-//!   its size with a header (magic, class) at its start; the first object sits past the header,
+//!   objects are carved in order from chunks of [`CHUNK`] (256 KiB) bytes, each aligned to its
+//!   size (carved from one reservation, "The chunk reservation" below, so that they are one
+//!   mapping, not one each) with a header (magic, class) at its start; the first object sits past the header,
 //!   at a multiple of the class's alignment (the largest power of two dividing its size), so no
 //!   object is ever at a chunk-aligned address. Each class has a spin lock, a private free list
 //!   and the bump range of its current chunk (under the lock), and a lock-free stack of objects
 //!   returned by `dealloc` (pushed without the lock; the lock holder takes the whole stack when
-//!   its private list runs dry). First use of a class maps one chunk (a handful of system calls);
+//!   its private list runs dry). First use of a class takes one chunk (an `mprotect`);
 //!   after that a small allocation is a lock and a pop, a small free one compare-and-swap.
 //! - **Direct** mappings serve everything else: sizes above 32 KiB, alignments above 32 KiB (up
 //!   to any power of two, via [`mman::map_aligned`]), and the fallbacks below. A direct mapping
