@@ -11,7 +11,7 @@ use crate::next;
 use crate::state::{self, abort_invalid, arena, threshold};
 use engine::os::mman::PAGE_SIZE;
 use libc::{c_int, c_void, size_t};
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 /// A realloc that shrinks a block by at least this many pages gives them back.
 const SHRINK_MIN_PAGES: u64 = 256;
@@ -26,6 +26,7 @@ fn large(size: usize, align: usize) -> Option<*mut c_void> {
     if size < threshold() || !align.is_power_of_two() || align > (1 << 30) {
         return None;
     }
+    prime_next();
     let h = Hook::enter()?;
     h.engine_for(size)?;
     // A new block's header page, installed alone before the arena writes the header: its
@@ -39,6 +40,26 @@ fn large(size: usize, align: usize) -> Option<*mut c_void> {
     arena()?
         .alloc(size, align, state::lock_future(), &header_page)
         .map(|p| p as *mut c_void)
+}
+
+/// Set once the next allocator has been called (see [`prime_next`]).
+static NEXT_PRIMED: AtomicBool = AtomicBool::new(false);
+
+/// Calls the next allocator once, at the first large request: natively the program's first
+/// malloc, of any size, sets the C library's heap up (glibc's first call grows its heap with
+/// brk, a new mapping, and puts its thread cache there). A program whose first requests are
+/// large, all served by the arena, would otherwise get its heap at its first small request,
+/// which may come when no new mapping can be made: at `vm.max_map_count`, malloc(1000) and
+/// fopen failed under the shim where they work natively.
+///
+/// # Context
+/// Any program thread, in a malloc-family hook (the program called the allocator: none of its
+/// locks is held), before the hook scope; once per process.
+fn prime_next() {
+    if !NEXT_PRIMED.load(Relaxed) && !NEXT_PRIMED.swap(true, Relaxed) {
+        // SAFETY: a block of the next allocator, freed by it at once.
+        unsafe { next::free(next::malloc(1)) };
+    }
 }
 
 /// malloc(3): a large request (at least the `preload_threshold` knob) gets an arena block the engine serves; the rest goes to the next allocator.

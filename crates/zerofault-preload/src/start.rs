@@ -135,7 +135,7 @@ fn start() {
 /// Why the engine must not start in this process, if it must not: a seccomp filter may
 /// refuse (or kill the process for) what the engine calls, which also switches the shim off
 /// for good (`SANDBOXED`); a tracer reads memory it cannot wait for the engine to fill
-/// (rights.rs).
+/// (rights.rs); a descriptor limit too tight to spare one ([`MIN_NOFILE`]).
 ///
 /// # Context
 /// A program thread, from [`start`] (`STATE` at `STARTING`); takes no lock, does not sleep.
@@ -145,9 +145,46 @@ fn refused() -> Option<&'static str> {
         Some("the process runs under a seccomp filter")
     } else if engine::os::thread::traced() {
         Some("the process is being traced (a debugger reads memory the engine cannot fill for it)")
+    } else if nofile_limit().is_some_and(|n| n < MIN_NOFILE) {
+        Some("the soft RLIMIT_NOFILE is below 64: too tight to spare the descriptor the engine holds")
     } else {
         None
     }
+}
+
+/// The smallest soft `RLIMIT_NOFILE` under which the engine starts. The engine holds one
+/// descriptor in the program's table for the process's life (its userfaultfd, which the
+/// hooks' registrations need), so a program opening until EMFILE gets one descriptor fewer
+/// than natively. Under 64 that is more than one in sixty-four: such a limit is set on purpose
+/// by a program (or a sandbox around it) that counts its descriptors, and the one the engine
+/// holds may be one it needs (under a limit of 4, the only one it has past stdio). At 64 and
+/// above (1024 by default) the one descriptor is the README's visible difference.
+const MIN_NOFILE: u64 = 64;
+
+/// The soft `RLIMIT_NOFILE`, read with a raw system call; None if it cannot be read.
+///
+/// # Context
+/// A program thread, from [`refused`]; takes no lock, does not sleep.
+fn nofile_limit() -> Option<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: prlimit64(0, RLIMIT_NOFILE, NULL, &lim) reads our own limit into `lim`.
+    let r = unsafe {
+        engine::os::raw::call(
+            libc::SYS_prlimit64,
+            [
+                0,
+                libc::RLIMIT_NOFILE as usize,
+                0,
+                &mut lim as *mut libc::rlimit as usize,
+                0,
+                0,
+            ],
+        )
+    };
+    r.ok().map(|_| lim.rlim_cur)
 }
 
 /// `opts` under a finite address-space limit of `limit` bytes: a pool of a thirty-second of it

@@ -13,13 +13,14 @@
 //! ## Shape
 //! - **Small** requests (size and alignment at most [`MAX_SMALL`], 32 KiB) go to one of 22 size
 //!   classes, two per doubling (16, 32, 48, 64, 96, 128, 192, ..., 24 KiB, 32 KiB). A class's
-//!   objects are carved in order from chunks of [`CHUNK`] (256 KiB) bytes, each mapped aligned to
-//!   its size with a header (magic, class) at its start; the first object sits past the header,
+//!   objects are carved in order from chunks of [`CHUNK`] (256 KiB) bytes, each aligned to its
+//!   size (carved from one reservation, "The chunk reservation" below, so that they are one
+//!   mapping, not one each) with a header (magic, class) at its start; the first object sits past the header,
 //!   at a multiple of the class's alignment (the largest power of two dividing its size), so no
 //!   object is ever at a chunk-aligned address. Each class has a spin lock, a private free list
 //!   and the bump range of its current chunk (under the lock), and a lock-free stack of objects
 //!   returned by `dealloc` (pushed without the lock; the lock holder takes the whole stack when
-//!   its private list runs dry). First use of a class maps one chunk (a handful of system calls);
+//!   its private list runs dry). First use of a class takes one chunk (an `mprotect`);
 //!   after that a small allocation is a lock and a pop, a small free one compare-and-swap.
 //! - **Direct** mappings serve everything else: sizes above 32 KiB, alignments above 32 KiB (up
 //!   to any power of two, via [`mman::map_aligned`]), and the fallbacks below. A direct mapping
@@ -276,17 +277,118 @@ fn direct_len(size: usize) -> Option<usize> {
     size.max(1).checked_next_multiple_of(PAGE_SIZE)
 }
 
-/// A new chunk for `class`, its header written; None if the kernel refused.
+/// A new chunk for `class`, its header written; None if the kernel refused. Carved from the
+/// reservation first (no new mapping), else mapped alone, else one of the spares.
 fn new_chunk(class: usize) -> Option<usize> {
-    let chunk = mman::map_aligned(CHUNK, CHUNK, libc::PROT_READ | libc::PROT_WRITE, false).ok()?;
-    // Engine metadata is small: never a 2 MiB page for it, even where neighbouring chunks
-    // would cover one. Advice only; a refusal changes nothing.
-    // SAFETY: the chunk is our fresh mapping; huge-page advice changes no content.
-    let _ = unsafe { mman::madvise(chunk, CHUNK, mman::MADV_NOHUGEPAGE) };
+    let chunk = match reserved_chunk() {
+        Some(c) => c,
+        None => match mman::map_aligned(CHUNK, CHUNK, libc::PROT_READ | libc::PROT_WRITE, false) {
+            Ok(c) => {
+                // Engine metadata is small: never a 2 MiB page for it, even where
+                // neighbouring chunks would cover one. Advice only; a refusal changes nothing.
+                // SAFETY: the chunk is our fresh mapping; huge-page advice changes no content.
+                let _ = unsafe { mman::madvise(c, CHUNK, mman::MADV_NOHUGEPAGE) };
+                c
+            }
+            Err(_) => spare_chunk()?,
+        },
+    };
     // SAFETY: the chunk is our fresh read-write mapping, aligned, larger than the header.
     unsafe { (chunk as *mut ChunkHeader).write(ChunkHeader { magic: MAGIC, class }) };
     CHUNKS.fetch_add(1, Relaxed);
     Some(chunk)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The chunk reservation
+//
+// Each chunk mapped alone is a VMA of its own (their alignment trims keep them apart), and a
+// process has `vm.max_map_count` of them: a program with tens of thousands of regions, whose
+// metadata takes hundreds of chunks, lost as many mappings to the engine, and at the limit a
+// new chunk could not be mapped at all and Rust's allocation-failure handler aborted the
+// process. So chunks are carved in order from one reservation made once (`PROT_NONE`,
+// `MAP_NORESERVE`: address space only, no commit charge), each made read-write by `mprotect`
+// as it is taken: the read-write part grows as one VMA (the kernel merges the new chunk into
+// the one before it), so the reservation is two VMAs however many chunks it holds, and taking a
+// chunk needs no new VMA even at the map-count limit. A few chunks are made read-write with the
+// reservation and kept as spares, for when both a carve and a mapping of its own fail (the
+// commit limit, the map-count limit once the reservation is used up): metadata is then still
+// served, and the process is not aborted for it.
+
+/// Bytes of the chunk reservation (at most: under a finite RLIMIT_AS / RLIMIT_DATA a
+/// sixty-fourth of the limit, none under [`RESERVE_MIN`]).
+const RESERVE: usize = 512 << 20;
+/// The smallest reservation worth making.
+const RESERVE_MIN: usize = 16 * CHUNK;
+/// Chunks made read-write with the reservation and kept for when no other chunk can be had.
+const SPARES: usize = 4;
+/// The reservation's base: 0 before it is made, [`RESERVE_BUSY`] while a thread makes it,
+/// [`RESERVE_NONE`] if it could not be made.
+static RESERVE_BASE: AtomicUsize = AtomicUsize::new(0);
+const RESERVE_BUSY: usize = 1;
+const RESERVE_NONE: usize = 2;
+/// Its length, and the bytes carved from it so far (spares first).
+static RESERVE_LEN: AtomicUsize = AtomicUsize::new(0);
+static RESERVE_USED: AtomicUsize = AtomicUsize::new(0);
+/// Spare chunks handed out (at most [`SPARES`]).
+static SPARES_USED: AtomicUsize = AtomicUsize::new(0);
+
+/// The reservation's base, made now if it is not yet; None if it cannot be (or another thread
+/// is making it this moment: the caller maps a chunk alone instead).
+fn reservation() -> Option<usize> {
+    match RESERVE_BASE.load(Acquire) {
+        0 => {}
+        RESERVE_BUSY | RESERVE_NONE => return None,
+        b => return Some(b),
+    }
+    if RESERVE_BASE.compare_exchange(0, RESERVE_BUSY, AcqRel, Acquire).is_err() {
+        let b = RESERVE_BASE.load(Acquire);
+        return (b > RESERVE_NONE).then_some(b);
+    }
+    let len = mman::address_limit().map_or(RESERVE, |l| (l / 64).min(RESERVE)) & !(CHUNK - 1);
+    let made = (len >= RESERVE_MIN)
+        .then(|| mman::map_aligned(len, CHUNK, libc::PROT_NONE, true).ok())
+        .flatten();
+    let Some(base) = made else {
+        RESERVE_BASE.store(RESERVE_NONE, Release);
+        return None;
+    };
+    // SAFETY: our fresh reservation; huge-page advice changes no content.
+    let _ = unsafe { mman::madvise(base, len, mman::MADV_NOHUGEPAGE) };
+    // The spares, read-write from the start, at its bottom: the chunks carved later merge
+    // with them.
+    // SAFETY: the bottom of our fresh reservation, which nothing else uses.
+    let spares = unsafe { mman::protect(base, SPARES * CHUNK, libc::PROT_READ | libc::PROT_WRITE) }.is_ok();
+    RESERVE_USED.store(if spares { SPARES * CHUNK } else { 0 }, Relaxed);
+    SPARES_USED.store(if spares { 0 } else { SPARES }, Relaxed);
+    RESERVE_LEN.store(len, Relaxed);
+    RESERVE_BASE.store(base, Release);
+    Some(base)
+}
+
+/// The next chunk of the reservation, made read-write; None when it is used up or the kernel
+/// refuses the protection change (the chunk is then lost: it stays `PROT_NONE`).
+fn reserved_chunk() -> Option<usize> {
+    let base = reservation()?;
+    let len = RESERVE_LEN.load(Relaxed);
+    let off = RESERVE_USED
+        .fetch_update(Relaxed, Relaxed, |u| (u + CHUNK <= len).then_some(u + CHUNK))
+        .ok()?;
+    let chunk = base + off;
+    // SAFETY: a chunk of our reservation that no other caller got (the counter above).
+    unsafe { mman::protect(chunk, CHUNK, libc::PROT_READ | libc::PROT_WRITE) }.ok()?;
+    // Under mlockall(MCL_FUTURE) the reservation was made locked: not the program's memory.
+    let _ = mman::munlock(chunk, CHUNK);
+    Some(chunk)
+}
+
+/// One of the spare chunks, while any is left.
+fn spare_chunk() -> Option<usize> {
+    let base = reservation()?;
+    let i = SPARES_USED
+        .fetch_update(Relaxed, Relaxed, |n| (n < SPARES).then_some(n + 1))
+        .ok()?;
+    Some(base + i * CHUNK)
 }
 
 /// An object of `class` from its slab, or None (lock busy, or no memory for a new chunk).

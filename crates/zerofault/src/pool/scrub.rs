@@ -410,9 +410,9 @@ pub(crate) fn run(shared: Arc<Shared>, ix: usize) {
         }
         if ix == 0 && looked.elapsed() >= LOOK_EVERY {
             looked = Instant::now();
-            // A tracer, or a real-time policy given from outside (`chrt -p`): the kernel
-            // serves the faults from now on.
-            if thread::traced() || sched::process_realtime() {
+            // A tracer (or no way left to see one: /proc gone or denied), or a real-time
+            // policy given from outside (`chrt -p`): the kernel serves the faults from now on.
+            if thread::traced_or_unknown() || sched::process_realtime() {
                 shared.step_aside();
                 break;
             }
@@ -475,8 +475,9 @@ fn probe_tables(shared: &Shared, ix: usize, pool: &Pool) {
 
 /// How often the first scrub thread looks whether a tracer attached to the process (a
 /// debugger reads memory with no way to wait for the engine: /proc/PID/mem, ptrace; the engine
-/// then steps aside for good, DESIGN.md, "The program's rights") and computes the pools'
-/// memory budget afresh ([`crate::pool::budget`]).
+/// then steps aside for good, DESIGN.md, "The program's rights"; it does so too once it can no
+/// longer look, `thread::traced_or_unknown`) and computes the pools' memory budget afresh
+/// ([`crate::pool::budget`]).
 const LOOK_EVERY: Duration = Duration::from_millis(100);
 
 /// Gives back what `pool` holds above `keep` pages: recycled pages first, oldest first (not

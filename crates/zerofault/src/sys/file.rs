@@ -115,7 +115,13 @@ pub(crate) fn read_to_string(path: impl AsRef<OsStr>) -> io::Result<String> {
 /// `path` ends in a NUL (the caller's buffer ends in zeros). One read: a file longer than
 /// `buf` is cut.
 pub(crate) fn read_small(path: &[u8], buf: &mut [u8]) -> Option<usize> {
-    open_cstr(path, libc::O_RDONLY).ok()?.read(buf).ok()
+    read_small_or_errno(path, buf).ok()
+}
+
+/// [`read_small`], with the errno of the open or of the read that failed.
+pub(crate) fn read_small_or_errno(path: &[u8], buf: &mut [u8]) -> Result<usize, Errno> {
+    let f = open_cstr(path, libc::O_RDONLY)?;
+    f.read(buf).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))
 }
 
 #[cfg(test)]

@@ -471,6 +471,38 @@ pub fn traced() -> bool {
     status_field("TracerPid").is_some_and(|p| p != 0)
 }
 
+/// Whether a tracer may be attached to the process: one is (as [`traced`]), or the engine can
+/// no longer tell, because /proc/self/status cannot be found or read any more for a reason
+/// that lasts (the program `chroot`ed away from /proc, unmounted it in a mount namespace of its
+/// own, or a Landlock domain denies it). An engine that cannot see a debugger arrive must step
+/// aside as if one had: a debugger's read of memory the engine has not filled yet fails
+/// (ptrace's EIO) for good otherwise. A failure that passes (out of descriptors or of memory,
+/// an interrupted call) reads as no tracer: it is looked at again soon.
+///
+/// # Context
+/// The first scrub thread, every [`crate::pool::scrub`] look; no lock, no allocation (a
+/// stack buffer and raw system calls).
+pub(crate) fn traced_or_unknown() -> bool {
+    let mut buf = [0u8; 4096];
+    match super::file::read_small_or_errno(b"/proc/self/status\0", &mut buf) {
+        Ok(n) => {
+            let text = std::str::from_utf8(&buf[..n]).unwrap_or("");
+            tracer_pid(text).is_none_or(|p| p != 0)
+        }
+        Err(raw::Errno(e)) => !matches!(
+            e,
+            libc::EMFILE | libc::ENFILE | libc::ENOMEM | libc::EINTR | libc::EAGAIN
+        ),
+    }
+}
+
+/// The `TracerPid:` field of a /proc/PID/status text.
+fn tracer_pid(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:")?.split_whitespace().next()?.parse().ok())
+}
+
 /// Whether the process runs under a seccomp filter (mode 2) or in strict mode (1).
 pub fn seccomp_filtered() -> bool {
     status_field("Seccomp").is_some_and(|m| m != 0)
@@ -543,6 +575,15 @@ mod tests {
         assert_eq!(SEVEN.with(|c| c.get()), 9);
         // SAFETY: as above.
         assert_eq!(unsafe { *libc::__errno_location() }, 5);
+    }
+
+    #[test]
+    fn a_tracer_pid_is_read_and_an_unreadable_status_is_unknown() {
+        assert_eq!(tracer_pid("Name:\tx\nTracerPid:\t0\nUid:\t0\n"), Some(0));
+        assert_eq!(tracer_pid("TracerPid:\t4242\n"), Some(4242));
+        assert_eq!(tracer_pid("Name:\tx\n"), None);
+        // Not traced here (the test runner runs under no debugger), and /proc is readable.
+        assert_eq!(traced_or_unknown(), traced());
     }
 
     #[test]

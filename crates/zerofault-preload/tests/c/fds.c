@@ -1,0 +1,163 @@
+/* Descriptors and mappings the shim must leave to the program.
+ *
+ *   fds nofile N   soft and hard RLIMIT_NOFILE set to N first, then two 64 MiB blocks written
+ *                  (the engine starts, where it may), then /dev/null opened until EMFILE:
+ *                  prints "opened K descriptors"
+ *   fds list       two 64 MiB blocks written, then the descriptors open beyond those open at
+ *                  start: prints "new descriptors: K"; their userfaultfd count goes to stderr
+ *                  as "uffd_fds=N"
+ *   fds maps       a 64 MiB block written, then 2 MiB mappings (every other one read-only, so
+ *                  that none merge) until mmap fails; then malloc(1000) and fopen of
+ *                  /proc/self/maps at the limit: prints "at the limit: malloc ok, fopen ok";
+ *                  the number of mappings made goes to stderr as "maps=N"
+ *   fds chroot DIR / fds umount
+ *                  two 64 MiB blocks written, then the program loses /proc: it chroots into
+ *                  the empty directory DIR, or unmounts /proc in a mount namespace of its own;
+ *                  then a tracer (a forked child) PTRACE_SEIZEs it, interrupts it 0.3 s later
+ *                  and PEEKs a word of a block the program never touched: prints
+ *                  "tracer read: V errno E" (natively 0 and 0)
+ *
+ * In "maps" mode the program's first malloc is the 64 MiB block (natively that call sets the C
+ * library's heap up; a heap first made at the limit fails natively too), in the others a
+ * small one. */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/ptrace.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MB (1ul << 20)
+
+/* The writes are made for real: the blocks are never read again. */
+static void keep(void *p) { __asm__ volatile("" : : "r"(p) : "memory"); }
+
+static void write_blocks(int n) {
+    for (int i = 0; i < n; i++) {
+        unsigned char *p = malloc(64 * MB);
+        if (!p) { perror("malloc"); exit(1); }
+        for (size_t k = 0; k < 64 * MB; k += 4096) p[k] = 1;
+        keep(p);
+    }
+}
+
+/* Marks in `open` the descriptors open now; returns how many of them are not marked in `was`
+ * (NULL: all) and counts the userfaultfd ones among those in *uffd. */
+static int scan(char *open, const char *was, int *uffd) {
+    DIR *d = opendir("/proc/self/fd");
+    if (!d) { perror("opendir"); exit(1); }
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        int fd = atoi(e->d_name);
+        if (fd == dirfd(d) || fd < 0 || fd >= 65536) continue;
+        open[fd] = 1;
+        if (was && was[fd]) continue;
+        n++;
+        char link[256];
+        ssize_t k = readlinkat(dirfd(d), e->d_name, link, sizeof link - 1);
+        if (k > 0) {
+            link[k] = 0;
+            if (uffd) *uffd += strcmp(link, "anon_inode:[userfaultfd]") == 0;
+        }
+    }
+    closedir(d);
+    return n;
+}
+
+static int nofile(int lim) {
+    struct rlimit r = {lim, lim};
+    for (int fd = 3; fd < 1024; fd++) close(fd);
+    if (setrlimit(RLIMIT_NOFILE, &r)) { perror("setrlimit"); return 1; }
+    write_blocks(2);
+    int n = 0, fd;
+    while ((fd = open("/dev/null", O_RDONLY)) >= 0) n++;
+    if (errno != EMFILE) perror("open");
+    printf("opened %d descriptors\n", n);
+    return 0;
+}
+
+static int list(void) {
+    static char before[65536], after[65536];
+    scan(before, NULL, NULL);
+    write_blocks(2);
+    int uffd = 0;
+    int n = scan(after, before, &uffd);
+    printf("new descriptors: %d\n", n);
+    fprintf(stderr, "uffd_fds=%d\n", uffd);
+    return 0;
+}
+
+static int maps(void) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    write_blocks(1);
+    int n = 0;
+    for (;;) {
+        int prot = (n & 1) ? PROT_READ : PROT_READ | PROT_WRITE;
+        unsigned char *p = mmap(NULL, 2 * MB, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) break;
+        if (!(n & 1) && n % 64 == 0) p[0] = 1;
+        n++;
+    }
+    if (errno != ENOMEM) perror("mmap");
+    void *m = malloc(1000);
+    FILE *f = fopen("/proc/self/maps", "r");
+    printf("at the limit: malloc %s, fopen %s\n", m ? "ok" : "NULL", f ? "ok" : strerror(errno));
+    fprintf(stderr, "maps=%d\n", n);
+    return 0;
+}
+
+static int lose_proc(const char *how, const char *dir) {
+    setvbuf(stdout, NULL, _IONBF, 0);
+    write_blocks(2);
+    usleep(300000);
+    if (dir) {
+        if (chroot(dir) || chdir("/")) { perror("chroot"); return 1; }
+    } else {
+        if (unshare(CLONE_NEWNS)) { perror("unshare"); return 1; }
+        if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL)) { perror("mount"); return 1; }
+        if (umount2("/proc", MNT_DETACH)) { perror("umount /proc"); return 1; }
+    }
+    if (access("/proc/self/status", R_OK) == 0) { fprintf(stderr, "%s: /proc still there\n", how); return 1; }
+    usleep(300000);
+    unsigned char *fresh = malloc(64 * MB);
+    keep(fresh);
+    pid_t me = getpid(), tracer = fork();
+    if (tracer == 0) {
+        if (ptrace(PTRACE_SEIZE, me, 0, 0)) { perror("PTRACE_SEIZE"); _exit(2); }
+        usleep(300000);
+        ptrace(PTRACE_INTERRUPT, me, 0, 0);
+        int ws;
+        waitpid(me, &ws, __WALL);
+        errno = 0;
+        long v = ptrace(PTRACE_PEEKDATA, me, fresh + 32 * MB, 0);
+        printf("tracer read: %ld errno %d\n", v, errno);
+        ptrace(PTRACE_DETACH, me, 0, 0);
+        _exit(0);
+    }
+    int st;
+    if (waitpid(tracer, &st, 0) != tracer || !WIFEXITED(st) || WEXITSTATUS(st)) return 1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 2 && !strcmp(argv[1], "maps")) return maps();
+    void *first = malloc(16);
+    keep(first);
+    free(first);
+    if (argc == 3 && !strcmp(argv[1], "nofile")) return nofile(atoi(argv[2]));
+    if (argc == 2 && !strcmp(argv[1], "list")) return list();
+    if (argc == 3 && !strcmp(argv[1], "chroot")) return lose_proc("chroot", argv[2]);
+    if (argc == 2 && !strcmp(argv[1], "umount")) return lose_proc("umount", NULL);
+    fprintf(stderr, "usage: fds nofile N | list | maps | chroot DIR | umount\n");
+    return 2;
+}
