@@ -496,6 +496,12 @@ static int sanitized(void) {
     return found;
 }
 
+/* ASan's defaults when the program sets none of its own (the program's definition comes first):
+ * its check that its runtime is the first library loaded (refusing to run otherwise) fails
+ * behind any preloaded library, this front included, which passes every call on to the runtime
+ * in such a process. ASAN_OPTIONS still sets the check as it likes. */
+EXPORT const char *__asan_default_options(void) { return "verify_asan_link_order=0"; }
+
 /* Loads the shim if nobody did: 1 when it is loaded. */
 static int load(void) {
     int s = load_state();
@@ -803,6 +809,8 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 EXPORT int munmap(void *addr, size_t len) {
     if (!tls.in_hook && load_state() == READY)
         return ((int (*)(void *, size_t))shim[S_MUNMAP])(addr, len);
+    if (sanitized())
+        return NEXT(MUNMAP, int (*)(void *, size_t))(addr, len); /* the runtime's: it clears its shadow */
     return (int)raw(SYS_munmap, (long)addr, (long)len, 0, 0, 0, 0);
 }
 
@@ -1057,6 +1065,8 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
     va_start(ap, req);
     void *arg = va_arg(ap, void *);
     va_end(ap);
+    if (sanitized())
+        return NEXT(IOCTL, int (*)(int, unsigned long, void *))(fd, req, arg); /* the runtime marks what it wrote */
     if (req != UFFDIO_REGISTER)
         return (int)raw(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
     return (int)ioctl_call(fd, req, arg);
