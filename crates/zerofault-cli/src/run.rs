@@ -195,7 +195,7 @@ fn executed(path: PathBuf) -> PathBuf {
         let mut words = line
             .split(|&b| b == b' ' || b == b'\t')
             .filter(|w| !w.is_empty())
-            .map(|w| std::ffi::OsStr::from_bytes(w));
+            .map(std::ffi::OsStr::from_bytes);
         let Some(interp) = words.next() else { break };
         let next = if Path::new(interp).file_name() == Some(std::ffi::OsStr::new("env")) {
             // env's own options and VAR=value words come before the program.
