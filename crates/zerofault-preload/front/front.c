@@ -331,8 +331,8 @@ static __thread volatile int resolving __attribute__((tls_model("initial-exec"))
 
 static int sanitized(void);
 
-/* What free() is while free's own next definition is being looked up on this thread: a block
- * freed then is left allocated. Only dlsym itself frees there (the dynamic loader's previous
+/* What free() is while this thread is inside one of our own lookups and free's next definition
+ * is not known yet: a block freed then is left allocated. Only dlsym itself frees there (the dynamic loader's previous
  * error message and its holder, blocks of the program's allocator when a sanitizer's runtime
  * made a lookup fail before ours), and freeing it would need the lookup in progress: dlsym
  * -> free -> dlsym -> free ... without end. A few dozen bytes, once per process. */
