@@ -28,6 +28,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <limits.h>
+#include <link.h>
 #include <malloc.h>
 #include <pthread.h>
 #include <sched.h>
@@ -329,13 +330,31 @@ static const char *const names[S_COUNT] = {
 static void *nexts[S_COUNT]; /* atomic */
 static void *shim[S_SHIM_COUNT]; /* the shim's definitions, set before state is READY */
 
+/* Set while this thread is inside one of our own dlsym calls (volatile: the compiler would
+ * otherwise drop the store, seeing no reader between it and the call, which calls us back). */
+static __thread volatile int resolving __attribute__((tls_model("initial-exec")));
+
+static int sanitized(void);
+
+/* What free() is while this thread is inside one of our own lookups and free's next definition
+ * is not known yet: a block freed then is left allocated. Only dlsym itself frees there (the dynamic loader's previous
+ * error message and its holder, blocks of the program's allocator when a sanitizer's runtime
+ * made a lookup fail before ours), and freeing it would need the lookup in progress: dlsym
+ * -> free -> dlsym -> free ... without end. A few dozen bytes, once per process. */
+static void leave_allocated(void *p) { (void)p; }
+
 static void *next_sym(int s) {
     void *f = __atomic_load_n(&nexts[s], __ATOMIC_ACQUIRE);
     if (f)
         return f;
+    if (resolving && s == S_FREE)
+        return (void *)leave_allocated;
+    sanitized();
+    resolving++;
     tls.in_hook++;
     f = dlsym(RTLD_NEXT, names[s]);
     tls.in_hook--;
+    resolving--;
     __atomic_store_n(&nexts[s], f, __ATOMIC_RELEASE);
     return f;
 }
@@ -358,11 +377,143 @@ static void *front_next(const char *name) {
 
 static void find_shim(void);
 
+/* ---------------------------------------------------------------------------------------- */
+/* A sanitizer's runtime (ASan, TSan, MSan, HWASan, LSan, MemProf) replaces malloc and the
+ * mmap family and owns the process's memory layout (its shadow); ASan refuses to run at all
+ * behind a preloaded library unless told not to check. Its process runs without the shim, for
+ * good: every call passes straight on to the next definition, the runtime's. Looked for once,
+ * at the process's first lookup of a next definition (before anything else here runs in it:
+ * the runtime's own start calls us before our constructor), without allocating and without
+ * calling any function a runtime may intercept: the dynamic loader's list of loaded objects
+ * (a runtime in its own library), and, when the program defines malloc itself, the program's
+ * dynamic names (a runtime linked in statically, which names its hooks `__sanitizer_...`).
+ * UBSan alone replaces nothing: its processes keep the shim. */
+
+static const char *const runtimes[] = {"asan", "tsan", "msan", "hwasan", "lsan", "memprof"};
+
+/* Whether `s` starts with `prefix` (no libc call: this runs inside a runtime's start). */
+static int starts(const char *s, const char *prefix) {
+    while (*prefix)
+        if (*s++ != *prefix++)
+            return 0;
+    return 1;
+}
+
+/* Whether a loaded object's file name is a sanitizer's runtime: lib<name>.so... (GCC) or
+ * libclang_rt.<name>... (Clang). */
+static int runtime_name(const char *path) {
+    const char *base = path;
+    for (const char *p = path; *p; p++)
+        if (*p == '/')
+            base = p + 1;
+    const char *rest = starts(base, "libclang_rt.") ? base + 12 : starts(base, "lib") ? base + 3 : NULL;
+    if (!rest)
+        return 0;
+    for (size_t i = 0; i < sizeof runtimes / sizeof runtimes[0]; i++) {
+        const char *r = runtimes[i], *t = rest;
+        while (*r && *t == *r)
+            r++, t++;
+        if (!*r && (*t == '.' || *t == '-' || *t == '_'))
+            return 1;
+    }
+    return 0;
+}
+
+/* Whether the program's dynamic string table holds a name of a sanitizer's runtime. */
+static int program_names_runtime(const struct link_map *main) {
+    const char *tab = NULL;
+    size_t len = 0;
+    for (const ElfW(Dyn) *d = main->l_ld; d && d->d_tag != DT_NULL; d++)
+        if (d->d_tag == DT_STRTAB)
+            tab = (const char *)d->d_un.d_ptr;
+        else if (d->d_tag == DT_STRSZ)
+            len = d->d_un.d_val;
+    /* The dynamic loader relocates the entry in place unless the section is read-only. */
+    if (tab && (uintptr_t)tab < main->l_addr)
+        tab += main->l_addr;
+    for (const char *p = tab, *end = tab ? tab + len : NULL; p && p < end; p++) {
+        if ((p == tab || p[-1] == 0) && starts(p, "__sanitizer_"))
+            return 1;
+    }
+    return 0;
+}
+
+extern char **environ;
+
+/* Whether ZEROFAULT_VERBOSE is on (the values the knob takes as on, in any case). */
+static int verbose_asked(void) {
+    static const char *const on[] = {"1", "true", "yes", "on"};
+    for (char **e = environ; e && *e; e++) {
+        if (!starts(*e, "ZEROFAULT_VERBOSE="))
+            continue;
+        const char *v = *e + 18;
+        for (size_t i = 0; i < sizeof on / sizeof on[0]; i++) {
+            const char *o = on[i], *t = v;
+            while (*o && (*t | 0x20) == *o)
+                o++, t++;
+            if (!*o && !*t)
+                return 1;
+        }
+    }
+    return 0;
+}
+
+static const char sanitized_line[] =
+    "zerofault: a sanitizer's runtime is in this process (it replaces malloc and mmap); running without the engine";
+
+static int malloc_foreign; /* atomic: 0 not looked up yet, 1 ours, 2 another's */
+
+/* Whether the process's malloc is not ours (an allocator linked into the program, or
+ * preloaded before us). */
+static int foreign_malloc(void) {
+    int v = __atomic_load_n(&malloc_foreign, __ATOMIC_ACQUIRE);
+    if (!v) {
+        v = dlsym(RTLD_DEFAULT, "malloc") != (void *)front_malloc ? 2 : 1;
+        __atomic_store_n(&malloc_foreign, v, __ATOMIC_RELEASE);
+    }
+    return v == 2;
+}
+
+static int sanitizer; /* atomic: 0 not looked for yet, 1 none, 2 found */
+
+/* Whether a sanitizer's runtime is in the process (looked for once): the shim is never
+ * loaded then. */
+static int sanitized(void) {
+    int v = __atomic_load_n(&sanitizer, __ATOMIC_ACQUIRE);
+    if (v)
+        return v == 2;
+    int found = 0;
+    const struct link_map *main = _r_debug.r_map;
+    for (const struct link_map *l = main; l && !found; l = l->l_next)
+        found = l->l_name && runtime_name(l->l_name);
+    if (!found && main) {
+        resolving++;
+        tls.in_hook++;
+        found = foreign_malloc() && program_names_runtime(main);
+        tls.in_hook--;
+        resolving--;
+    }
+    if (found) {
+        int idle = IDLE;
+        __atomic_compare_exchange_n(&state, &idle, OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+    }
+    __atomic_store_n(&sanitizer, found ? 2 : 1, __ATOMIC_RELEASE);
+    return found;
+}
+
+/* ASan's defaults when the program sets none of its own (the program's definition comes first):
+ * its check that its runtime is the first library loaded (refusing to run otherwise) fails
+ * behind any preloaded library, this front included, which passes every call on to the runtime
+ * in such a process. ASAN_OPTIONS still sets the check as it likes. */
+EXPORT const char *__asan_default_options(void) { return "verify_asan_link_order=0"; }
+
 /* Loads the shim if nobody did: 1 when it is loaded. */
 static int load(void) {
     int s = load_state();
     if (s != IDLE)
         return s == READY;
+    if (sanitized())
+        return 0;
     if (__atomic_exchange_n(&owner_forked, 0, __ATOMIC_ACQ_REL))
         owner = getpid();
     if (getpid() != owner)
@@ -458,8 +609,6 @@ static void fork_child(void) {
     __atomic_compare_exchange_n(&state, &loading, OFF, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
 }
 
-extern char **environ;
-
 /* Where the shim is: this file's directory. Found with dladdr when the shim is loaded; a path
  * that is relative then would be taken from wherever the program has gone since, so when
  * this file may have been found by a relative one it is made absolute in the constructor
@@ -494,7 +643,13 @@ static int relative_entry(const char *list) {
 __attribute__((constructor)) static void front_init(void) {
     owner = getpid();
     pthread_atfork(fork_prepare, fork_parent, fork_child);
-    int eager = dlsym(RTLD_DEFAULT, "malloc") != (void *)front_malloc || dlsym(RTLD_DEFAULT, "mmap") != (void *)front_mmap;
+    if (sanitized()) {
+        /* Said here: the environment may not be set up yet at the first lookup. */
+        if (verbose_asked())
+            say(sanitized_line, NULL, NULL);
+        return;
+    }
+    int eager = foreign_malloc() || dlsym(RTLD_DEFAULT, "mmap") != (void *)front_mmap;
     int relative = 0;
     for (char **e = environ; e && *e; e++) {
         const char *v = *e;
@@ -659,6 +814,8 @@ EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t o
 EXPORT int munmap(void *addr, size_t len) {
     if (!tls.in_hook && load_state() == READY)
         return ((int (*)(void *, size_t))shim[S_MUNMAP])(addr, len);
+    if (sanitized())
+        return NEXT(MUNMAP, int (*)(void *, size_t))(addr, len); /* the runtime's: it clears its shadow */
     return (int)raw(SYS_munmap, (long)addr, (long)len, 0, 0, 0, 0);
 }
 
@@ -1010,6 +1167,8 @@ EXPORT int ioctl(int fd, unsigned long req, ...) {
     va_start(ap, req);
     void *arg = va_arg(ap, void *);
     va_end(ap);
+    if (sanitized())
+        return NEXT(IOCTL, int (*)(int, unsigned long, void *))(fd, req, arg); /* the runtime marks what it wrote */
     if (req != UFFDIO_REGISTER)
         return (int)raw(SYS_ioctl, fd, (long)req, (long)arg, 0, 0, 0);
     return (int)ioctl_call(fd, req, arg);
