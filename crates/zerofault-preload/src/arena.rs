@@ -389,6 +389,12 @@ impl Arena {
     unsafe fn release(&self, first: u64, pages: u64, recycle: &dyn Fn(usize, usize) -> bool) {
         let addr = self.base + first as usize * PAGE_SIZE;
         let bytes = pages as usize * PAGE_SIZE;
+        if sealed(addr, bytes) {
+            // Natively the munmap of a sealed block fails and the block stays, contents and
+            // all: so here, out of the free list for good.
+            self.free.with(|f| f.leaked += pages);
+            return;
+        }
         // SAFETY: the caller's contract; advice changes no content.
         unsafe {
             if !recycle(addr, bytes) {
@@ -446,6 +452,10 @@ impl Arena {
         let Some(spare) = h.pages.checked_sub(keep).filter(|s| *s >= min_pages.max(1)) else {
             return;
         };
+        // A sealed tail: natively the shrinking mremap fails and realloc keeps the block whole.
+        if sealed(block + keep as usize * PAGE_SIZE, spare as usize * PAGE_SIZE) {
+            return;
+        }
         let n = Header {
             pages: keep,
             usable: h.usable - spare * PAGE_SIZE as u64,
@@ -490,6 +500,18 @@ impl Arena {
     pub fn free_pages(&self) -> (u64, u64) {
         self.free.with(|f| (f.free_pages(), f.leaked))
     }
+}
+
+/// Whether part of `[addr, addr + len)` (a block the program gives up, or part of one) is sealed
+/// (`mseal(2)`): asked with `mprotect(PROT_READ | PROT_WRITE)`, which the kernel refuses with
+/// EPERM on a sealed VMA, as it refuses the munmap that frees a native block. Nothing else in a
+/// free is refused there (`UFFDIO_MOVE` and `MADV_DONTNEED` of a sealed writable range succeed),
+/// so this is asked before any of it. Read-write is what the block was handed out as; a part
+/// the program protected otherwise is given up with it.
+pub fn sealed(addr: usize, len: usize) -> bool {
+    // SAFETY: protection of arena pages their owner gives up; no content changes.
+    let r = unsafe { mman::protect(addr, len, libc::PROT_READ | libc::PROT_WRITE) };
+    r.is_err_and(|e| e.raw_os_error() == Some(libc::EPERM))
 }
 
 /// Makes `[addr, addr + len)` (read-write, ours) read zero with no memory behind it: discarded
