@@ -94,3 +94,16 @@ fn a_process_sharing_the_memory_outlives_its_parent() {
     }
     same_as_native(&prog, "kill", &format!("{wrote}scenario: killed by signal 9\n"));
 }
+
+/// A munmap that would split a served mapping at `vm.max_map_count` is refused (ENOMEM) with
+/// the bytes intact: the shim recycles only a munmap that splits no VMA.
+#[test]
+fn a_munmap_refused_at_the_map_count_limit_changes_nothing() {
+    let dir = temp_dir("r3-split");
+    let prog = cc("mseal", &dir, false);
+    same_as_native(
+        &prog,
+        "split",
+        "munmap that splits, at the limit: -1 Cannot allocate memory, changed 0\n",
+    );
+}

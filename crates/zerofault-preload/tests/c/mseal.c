@@ -8,6 +8,10 @@
  *                freed (natively glibc's munmap is refused and the block stays), a calloc of the
  *                same size (zero), written: the sealed part keeps its bytes all along
  *   mseal realloc  the same block grown by realloc (natively a copy: the old block stays)
+ *   mseal split  no seal: 64 MiB mapped and written, then one-page mappings (alternately
+ *                read-only, so that none merges) until mmap fails at vm.max_map_count, then
+ *                munmap of 8 MiB in the middle of the 64 MiB, which would split it: refused
+ *                (ENOMEM), the bytes stay
  *
  * Each check prints the call's result and how many pages (one byte each) lost their bytes.
  * Natively every call gives the result above and no page changes; exit 0. A kernel without
@@ -119,6 +123,28 @@ static void reallocs(void) {
     free(after);
 }
 
+static void split(void) {
+    size_t len = 64 * MB, n = 0, cap = 1 << 20;
+    unsigned char *p = written(len, 0x77);
+    void **small = mmap(NULL, cap * sizeof(void *), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (small == MAP_FAILED)
+        exit(2);
+    while (n < cap) {
+        void *s = mmap(NULL, 4096, n % 2 ? PROT_READ : PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (s == MAP_FAILED)
+            break;
+        small[n++] = s;
+    }
+    errno = 0;
+    int r = munmap(p + 24 * MB, 8 * MB);
+    int e = errno;
+    for (size_t i = 0; i < n; i++)
+        munmap(small[i], 4096);
+    errno = e;
+    SHOW("munmap that splits, at the limit", r);
+    printf(", changed %zu\n", differ(p, len, 0x77));
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IONBF, 0);
     /* The engine starts with a first large request. */
@@ -132,6 +158,8 @@ int main(int argc, char **argv) {
         frees();
     else if (!strcmp(mode, "realloc"))
         reallocs();
+    else if (!strcmp(mode, "split"))
+        split();
     else
         return 2;
     return 0;
