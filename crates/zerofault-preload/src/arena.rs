@@ -5,7 +5,9 @@
 //! - The reservation is `PROT_NONE` and `MAP_NORESERVE`: address space only. The kernel never
 //!   populates it (not even for `mlockall(MCL_CURRENT)`), and it counts against no overcommit
 //!   budget. A block is made read-write when it is handed out and `PROT_NONE` again when it is
-//!   freed, as a native large block is mapped and unmapped: a use after free faults.
+//!   freed, as a native large block is mapped and unmapped: a use after free faults. A block
+//!   the program sealed (`mseal(2)`), whose native munmap the kernel refuses, stays as it is
+//!   when freed, out of the free list for good ([`sealed`], asked before anything is done to it).
 //! - A block is `[header page][user pages]`; the [`Header`] sits in the last bytes before the
 //!   user pointer (for alignments above a page, slack pages come first).
 //! - The free list is a fixed array of extents (in pages, sorted by address, coalesced on free)
@@ -47,7 +49,8 @@ pub struct FreeList {
     n: usize,
     start: [u64; MAX_EXTENTS],
     len: [u64; MAX_EXTENTS],
-    /// Pages lost because the list was full when they were freed.
+    /// Pages lost because the list was full when they were freed, or because their block was
+    /// sealed (`mseal(2)`: natively its munmap is refused and it stays mapped).
     pub leaked: u64,
 }
 
