@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{cc, pages_served, stderr, stdout, temp_dir, zerofault, Running};
+use common::{cc, pages_served, served, stderr, stdout, temp_dir, zerofault, Running};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -28,6 +28,13 @@ fn go(cmd: &mut Command) -> Output {
 /// `prog mode` natively, which must exit 0 and print `native`, then under `zerofault run
 /// --stats`, which must print the same, exit 0, and have had the engine serve memory.
 fn same_as_native(prog: &Path, mode: &str, native: &str) {
+    let shim = same_output(prog, mode, native);
+    assert!(pages_served(&shim) > 0, "the engine served nothing: {}", stderr(&shim));
+}
+
+/// [`same_as_native`] without the check that the engine served memory; returns the run under
+/// the shim.
+fn same_output(prog: &Path, mode: &str, native: &str) -> Output {
     let plain = go(Command::new(prog).arg(mode));
     assert_eq!(
         (plain.status.code(), stdout(&plain).as_str()),
@@ -42,7 +49,7 @@ fn same_as_native(prog: &Path, mode: &str, native: &str) {
         "{mode} under the shim: {}",
         stderr(&shim)
     );
-    assert!(pages_served(&shim) > 0, "the engine served nothing: {}", stderr(&shim));
+    shim
 }
 
 /// munmap, mremap, mprotect and madvise refused on sealed memory leave its bytes as they were
@@ -93,6 +100,10 @@ fn a_process_sharing_the_memory_outlives_its_parent() {
         same_as_native(&prog, mode, &format!("{wrote}scenario: exit 0\n"));
     }
     same_as_native(&prog, "kill", &format!("{wrote}scenario: killed by signal 9\n"));
+    // Cloned with CLONE_FILES before the engine started: it never starts (its descriptor
+    // would be in the table the child shares).
+    let shim = same_output(&prog, "files-first", &format!("{wrote}scenario: exit 0\n"));
+    assert_eq!(served(&shim), None, "an engine started: {}", stderr(&shim));
 }
 
 /// A munmap that would split a served mapping at `vm.max_map_count` is refused (ENOMEM) with

@@ -1010,8 +1010,15 @@ EXPORT int clone(int (*fn)(void *), void *stack, int flags, void *arg, ...) {
     void *ptid = va_arg(ap, void *), *newtls = va_arg(ap, void *), *ctid = va_arg(ap, void *);
     va_end(ap);
     int (*next)(int (*)(void *), void *, int, void *, ...) = NEXT(CLONE, int (*)(int (*)(void *), void *, int, void *, ...));
-    if ((flags & (CLONE_VM | CLONE_THREAD)) != CLONE_VM || tls.in_hook || load_state() != READY || !fn || !stack)
+    if ((flags & (CLONE_VM | CLONE_THREAD)) != CLONE_VM || tls.in_hook || !fn || !stack)
         return next(fn, stack, flags, arg, ptid, newtls, ctid);
+    if (load_state() != READY) {
+        /* No engine yet. One started later would put its descriptor in a table the child
+         * shares: with CLONE_FILES it never starts. */
+        if (flags & CLONE_FILES)
+            hold(FOR_GOOD);
+        return next(fn, stack, flags, arg, ptid, newtls, ctid);
+    }
     struct zf_clone_fd u;
     int saved = errno;
     int close_in_child = ((int (*)(int, struct zf_clone_fd *))shim[S_CLONE_PREPARE])((flags & CLONE_FILES) != 0, &u);

@@ -8,6 +8,8 @@
  *                  kill   SIGKILL to itself: no code of its own runs
  *                  files  as _exit, but the child was cloned with CLONE_FILES too (it shares
  *                         the descriptor table)
+ *                  files-first  as files, but the clone comes before the first large request
+ *                         (the block is malloc'd after it, the child waits for it)
  *
  * The program forks a scenario process and reports for it. The scenario starts the engine
  * with a first large request, mallocs 256 MiB it never touches and clones the child; the child
@@ -44,9 +46,13 @@ static double now(void) {
 
 static int child(void *arg) {
     (void)arg;
-    /* Until the parent is gone (reparented), at most 5 s. */
+    /* Until the parent is gone (reparented), at most 5 s; then the block must be there. */
     for (double t0 = now(); wait_parent && getppid() == parent && now() - t0 < 5;)
         usleep(1000);
+    if (!blk) {
+        dprintf(report_fd, "child: no block\n");
+        return 1;
+    }
     size_t len = 128 * MB, bad = 0;
     for (size_t i = 0; i < len; i += 4096)
         blk[i] = (unsigned char)(i >> 12 | 1);
@@ -57,21 +63,30 @@ static int child(void *arg) {
 }
 
 static void scenario(const char *mode) {
-    char *w = malloc(32 * MB);
-    memset(w, 1, 32 * MB); /* the engine starts */
-    blk = malloc(256 * MB);
+    int first = !strcmp(mode, "files-first");
     size_t st = MB;
     char *stack = mmap(NULL, st, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
-    if (!w || !blk || stack == MAP_FAILED) {
-        dprintf(report_fd, "scenario: no memory\n");
-        _exit(2);
+    char *w = NULL;
+    if (!first) {
+        w = malloc(32 * MB);
+        memset(w, 1, 32 * MB); /* the engine starts */
+        blk = malloc(256 * MB);
     }
     parent = getpid();
     wait_parent = strcmp(mode, "wait") != 0;
-    int flags = CLONE_VM | SIGCHLD | (strcmp(mode, "files") ? 0 : CLONE_FILES);
-    pid_t pid = clone(child, stack + st, flags, NULL);
+    int flags = CLONE_VM | SIGCHLD | (strncmp(mode, "files", 5) ? 0 : CLONE_FILES);
+    pid_t pid = stack == MAP_FAILED ? -1 : clone(child, stack + st, flags, NULL);
     if (pid < 0) {
         dprintf(report_fd, "scenario: clone: %s\n", strerror(errno));
+        _exit(2);
+    }
+    if (first) {
+        w = malloc(32 * MB);
+        memset(w, 1, 32 * MB); /* the engine would start here */
+        blk = malloc(256 * MB);
+    }
+    if (!w || !blk) {
+        dprintf(report_fd, "scenario: no memory\n");
         _exit(2);
     }
     if (!strcmp(mode, "wait")) {
