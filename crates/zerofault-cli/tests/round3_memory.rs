@@ -84,6 +84,20 @@ fn a_sealed_block_freed_keeps_its_bytes() {
     );
 }
 
+/// A sealed block that realloc moves: natively glibc's mremap is refused and realloc copies,
+/// the old block staying as it was; here the pages are copied, not moved, and the old block
+/// stays too.
+#[test]
+fn a_sealed_block_moved_by_realloc_keeps_its_bytes() {
+    let dir = temp_dir("r3-mseal-realloc");
+    let prog = cc("mseal", &dir, false);
+    same_as_native(
+        &prog,
+        "realloc",
+        "realloc: ok, kept 0 of 8192 changed\nsealed part changed 0\n",
+    );
+}
+
 /// A clone(CLONE_VM) child outlives its parent however the parent ends, and its faults are
 /// served (it used to wait for ever in handle_userfault, holding a copy of the descriptor).
 #[test]

@@ -7,7 +7,8 @@
  *   mseal free   32 MiB malloc'd and written, 16 MiB of it (page aligned) sealed, the block
  *                freed (natively glibc's munmap is refused and the block stays), a calloc of the
  *                same size (zero), written: the sealed part keeps its bytes all along
- *   mseal realloc  the same block grown by realloc (natively a copy: the old block stays)
+ *   mseal realloc  such a block, all of it sealed, grown by realloc (natively a copy: the old
+ *                block stays)
  *   mseal split  no seal: 64 MiB mapped and written, then one-page mappings (alternately
  *                read-only, so that none merges) until mmap fails at vm.max_map_count, then
  *                munmap of 8 MiB in the middle of the 64 MiB, which would split it: refused
@@ -29,7 +30,9 @@
 #define MB ((size_t)1 << 20)
 #define SYS_MSEAL 462
 
-static size_t differ(const unsigned char *p, size_t len, unsigned char v) {
+/* Read through a volatile pointer: the compiler may not assume what memset left there (it
+ * would, for a block passed to realloc or free). */
+static size_t differ(const volatile unsigned char *p, size_t len, unsigned char v) {
     size_t n = 0;
     for (size_t i = 0; i < len; i += 4096)
         n += p[i] != v;
@@ -88,21 +91,22 @@ static void maps(void) {
     printf(", changed %zu + %zu\n", differ(u, len / 2, 0x11), differ(u + len / 2, len / 2, 0));
 }
 
-/* A written block with 16 MiB of it sealed: returns the sealed part. */
-static unsigned char *sealed_block(unsigned char **block, size_t len) {
+/* A written block with `sealed` bytes of it sealed from its first whole page: returns the
+ * sealed part. */
+static unsigned char *sealed_block(unsigned char **block, size_t len, size_t sealed) {
     unsigned char *b = malloc(len);
     if (!b)
         exit(2);
     memset(b, 0x5A, len);
     unsigned char *part = (unsigned char *)(((uintptr_t)b + 4095) & ~(uintptr_t)4095);
-    seal(part, 16 * MB);
+    seal(part, sealed);
     *block = b;
     return part;
 }
 
 static void frees(void) {
     size_t len = 32 * MB;
-    unsigned char *b, *part = sealed_block(&b, len);
+    unsigned char *b, *part = sealed_block(&b, len, 16 * MB);
     free(b);
     printf("free: sealed part changed %zu\n", differ(part, 16 * MB, 0x5A));
     unsigned char *c = calloc(1, len);
@@ -114,12 +118,15 @@ static void frees(void) {
 
 static void reallocs(void) {
     size_t len = 32 * MB;
-    unsigned char *b, *part = sealed_block(&b, len);
-    /* Something right after the block, so that it cannot grow in place. */
-    void *after = malloc(32 * MB);
+    /* All of it sealed (glibc's chunk ends one page after its first whole page + len). */
+    unsigned char *b, *part = sealed_block(&b, len, len);
+    /* Something right after the block, so that it cannot grow in place (kept in a volatile,
+     * or the compiler drops a malloc whose block is only freed). */
+    static void *volatile after;
+    after = malloc(32 * MB);
     unsigned char *n = realloc(b, 4 * len);
     printf("realloc: %s, kept %zu of %zu changed\n", n ? "ok" : "NULL", n ? differ(n, len, 0x5A) : 0, len / 4096);
-    printf("sealed part changed %zu\n", differ(part, 16 * MB, 0x5A));
+    printf("sealed part changed %zu\n", differ(part, len, 0x5A));
     free(after);
 }
 
