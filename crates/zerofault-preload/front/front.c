@@ -44,6 +44,7 @@
 #include <linux/userfaultfd.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <time.h>
@@ -308,11 +309,12 @@ enum {
     S_MALLOC, S_CALLOC, S_REALLOC, S_REALLOCARRAY, S_FREE, S_POSIX_MEMALIGN, S_ALIGNED_ALLOC,
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
     S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP,
-    S_HOLD, S_RELEASE, S_RESTART, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_CPUS, S_SHIM_COUNT,
+    S_HOLD, S_RELEASE, S_RESTART, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_CPUS, S_CLONE_PREPARE,
+    S_SHIM_COUNT,
     S_SETUID = S_SHIM_COUNT, S_SETGID, S_SETEUID, S_SETEGID, S_SETREUID, S_SETREGID, S_SETRESUID,
     S_SETRESGID, S_SETGROUPS, S_CAPSET, S_PRCTL, S_UNSHARE, S_SETNS, S_SYSCALL, S_IOCTL,
     S_SCHED_SETAFFINITY, S_PTHREAD_SETAFFINITY, S_SCHED_SETSCHEDULER, S_PTHREAD_SETSCHEDPARAM,
-    S_PTHREAD_SETSCHEDPRIO, S_PTHREAD_CREATE, S_COUNT
+    S_PTHREAD_SETSCHEDPRIO, S_PTHREAD_CREATE, S_CLONE, S_COUNT
 };
 static const char *const names[S_COUNT] = {
     "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
@@ -321,11 +323,11 @@ static const char *const names[S_COUNT] = {
     "zerofault_stats_json", "zerofault_recycle", "munmap",
     "zerofault_hold_threads", "zerofault_release_threads", "zerofault_restart_threads",
     "zerofault_foreign_register",
-    "zerofault_prefault", "zerofault_thp_disabled", "zerofault_cpus_changed",
+    "zerofault_prefault", "zerofault_thp_disabled", "zerofault_cpus_changed", "zerofault_clone_prepare",
     "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
     "setgroups", "capset", "prctl", "unshare", "setns", "syscall", "ioctl",
     "sched_setaffinity", "pthread_setaffinity_np", "sched_setscheduler", "pthread_setschedparam",
-    "pthread_setschedprio", "pthread_create",
+    "pthread_setschedprio", "pthread_create", "clone",
 };
 static void *nexts[S_COUNT]; /* atomic */
 static void *shim[S_SHIM_COUNT]; /* the shim's definitions, set before state is READY */
@@ -1227,4 +1229,79 @@ EXPORT long syscall(long n, ...) {
         AROUND(FOLLOW, raw(n, a, b, c, d, e, f));
     }
     return raw(n, a, b, c, d, e, f);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* clone(2): a process that shares the memory (exit.rs, zerofault_clone_prepare, says why)
+ *
+ * clone(CLONE_VM) without CLONE_THREAD makes a process that shares the address space and may
+ * outlive this one. Without CLONE_FILES its copy of the descriptor table holds the engine's
+ * userfaultfd, which would keep every range registered after this process died (even by
+ * SIGKILL) and leave the child's faults waiting for ever: the child closes its copy before the
+ * program's function runs. With CLONE_FILES the engine stops for good before the clone.
+ * Threads (CLONE_THREAD), fork-like clones (no CLONE_VM), pthread_create, vfork and
+ * posix_spawn (glibc's own clone, which this symbol never sees) pass straight on. */
+
+struct zf_clone_fd {
+    int fd;
+    uint64_t dev, ino;
+};
+struct clone_start {
+    int (*fn)(void *);
+    void *arg;
+    struct zf_clone_fd uffd;
+};
+
+/* A system call that leaves errno alone: the child runs on its parent thread's TLS. */
+static long raw_quiet(long n, long a, long b) {
+#if defined(__x86_64__)
+    long r;
+    __asm__ volatile("syscall" : "=a"(r) : "a"(n), "D"(a), "S"(b) : "rcx", "r11", "memory");
+    return r;
+#else
+    (void)n, (void)a, (void)b;
+    return -ENOSYS;
+#endif
+}
+
+/* The child's first code: its copy of the engine's descriptor closed (if the number still
+ * names that file), then the program's function. */
+static int clone_child(void *p) {
+    struct clone_start c = *(struct clone_start *)p;
+    struct stat st;
+    if (raw_quiet(SYS_fstat, c.uffd.fd, (long)&st) == 0 && (uint64_t)st.st_dev == c.uffd.dev &&
+        (uint64_t)st.st_ino == c.uffd.ino)
+        raw_quiet(SYS_close, c.uffd.fd, 0);
+    return c.fn(c.arg);
+}
+
+EXPORT int clone(int (*fn)(void *), void *stack, int flags, void *arg, ...) {
+    va_list ap;
+    va_start(ap, arg);
+    void *ptid = va_arg(ap, void *), *newtls = va_arg(ap, void *), *ctid = va_arg(ap, void *);
+    va_end(ap);
+    int (*next)(int (*)(void *), void *, int, void *, ...) = NEXT(CLONE, int (*)(int (*)(void *), void *, int, void *, ...));
+    if ((flags & (CLONE_VM | CLONE_THREAD)) != CLONE_VM || tls.in_hook || !fn || !stack)
+        return next(fn, stack, flags, arg, ptid, newtls, ctid);
+    if (load_state() != READY) {
+        /* No engine yet. One started later would put its descriptor in a table the child
+         * shares: with CLONE_FILES it never starts. */
+        if (flags & CLONE_FILES)
+            hold(FOR_GOOD);
+        return next(fn, stack, flags, arg, ptid, newtls, ctid);
+    }
+    struct zf_clone_fd u;
+    int saved = errno;
+    int close_in_child = ((int (*)(int, struct zf_clone_fd *))shim[S_CLONE_PREPARE])((flags & CLONE_FILES) != 0, &u);
+    errno = saved;
+    if (!close_in_child)
+        return next(fn, stack, flags, arg, ptid, newtls, ctid);
+    /* The record on the child's own stack, right below where its frames begin: nothing else
+     * uses that memory, and it needs no allocation. */
+    uintptr_t top = ((uintptr_t)stack - sizeof(struct clone_start)) & ~(uintptr_t)63;
+    struct clone_start *c = (struct clone_start *)top;
+    c->fn = fn;
+    c->arg = arg;
+    c->uffd = u;
+    return next(clone_child, (void *)top, flags, c, ptid, newtls, ctid);
 }

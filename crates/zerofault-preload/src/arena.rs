@@ -5,7 +5,9 @@
 //! - The reservation is `PROT_NONE` and `MAP_NORESERVE`: address space only. The kernel never
 //!   populates it (not even for `mlockall(MCL_CURRENT)`), and it counts against no overcommit
 //!   budget. A block is made read-write when it is handed out and `PROT_NONE` again when it is
-//!   freed, as a native large block is mapped and unmapped: a use after free faults.
+//!   freed, as a native large block is mapped and unmapped: a use after free faults. A block
+//!   the program sealed (`mseal(2)`), whose native munmap the kernel refuses, stays as it is
+//!   when freed, out of the free list for good ([`sealed`], asked before anything is done to it).
 //! - A block is `[header page][user pages]`; the [`Header`] sits in the last bytes before the
 //!   user pointer (for alignments above a page, slack pages come first).
 //! - The free list is a fixed array of extents (in pages, sorted by address, coalesced on free)
@@ -47,7 +49,8 @@ pub struct FreeList {
     n: usize,
     start: [u64; MAX_EXTENTS],
     len: [u64; MAX_EXTENTS],
-    /// Pages lost because the list was full when they were freed.
+    /// Pages lost because the list was full when they were freed, or because their block was
+    /// sealed (`mseal(2)`: natively its munmap is refused and it stays mapped).
     pub leaked: u64,
 }
 
@@ -389,6 +392,12 @@ impl Arena {
     unsafe fn release(&self, first: u64, pages: u64, recycle: &dyn Fn(usize, usize) -> bool) {
         let addr = self.base + first as usize * PAGE_SIZE;
         let bytes = pages as usize * PAGE_SIZE;
+        if sealed(addr, bytes) {
+            // Natively the munmap of a sealed block fails and the block stays, contents and
+            // all: so here, out of the free list for good.
+            self.free.with(|f| f.leaked += pages);
+            return;
+        }
         // SAFETY: the caller's contract; advice changes no content.
         unsafe {
             if !recycle(addr, bytes) {
@@ -446,6 +455,10 @@ impl Arena {
         let Some(spare) = h.pages.checked_sub(keep).filter(|s| *s >= min_pages.max(1)) else {
             return;
         };
+        // A sealed tail: natively the shrinking mremap fails and realloc keeps the block whole.
+        if sealed(block + keep as usize * PAGE_SIZE, spare as usize * PAGE_SIZE) {
+            return;
+        }
         let n = Header {
             pages: keep,
             usable: h.usable - spare * PAGE_SIZE as u64,
@@ -490,6 +503,18 @@ impl Arena {
     pub fn free_pages(&self) -> (u64, u64) {
         self.free.with(|f| (f.free_pages(), f.leaked))
     }
+}
+
+/// Whether part of `[addr, addr + len)` (a block the program gives up, or part of one) is sealed
+/// (`mseal(2)`): asked with `mprotect(PROT_READ | PROT_WRITE)`, which the kernel refuses with
+/// EPERM on a sealed VMA, as it refuses the munmap that frees a native block. Nothing else in a
+/// free is refused there (`UFFDIO_MOVE` and `MADV_DONTNEED` of a sealed writable range succeed),
+/// so this is asked before any of it. Read-write is what the block was handed out as; a part
+/// the program protected otherwise is given up with it.
+pub fn sealed(addr: usize, len: usize) -> bool {
+    // SAFETY: protection of arena pages their owner gives up; no content changes.
+    let r = unsafe { mman::protect(addr, len, libc::PROT_READ | libc::PROT_WRITE) };
+    r.is_err_and(|e| e.raw_os_error() == Some(libc::EPERM))
 }
 
 /// Makes `[addr, addr + len)` (read-write, ours) read zero with no memory behind it: discarded

@@ -7,6 +7,54 @@ use engine::os::raw;
 use engine::StatsOut;
 use std::sync::atomic::Ordering::*;
 
+/// The engine's descriptor as a clone child finds it (C `struct zf_clone_fd` in
+/// front/front.c): the child closes `fd` if it still names the file `(dev, ino)`.
+#[repr(C)]
+pub struct CloneFd {
+    fd: libc::c_int,
+    dev: u64,
+    ino: u64,
+}
+
+/// Before the program's `clone(CLONE_VM)` without `CLONE_THREAD`: a process that shares the
+/// memory and may outlive this one. Without `CLONE_FILES` the child gets a copy of the
+/// descriptor table, the engine's userfaultfd in it: that copy would keep every range
+/// registered after this process died, even by SIGKILL, and the child's faults there would
+/// wait for ever. So the front has the child close its copy first (returns 1 with `out`
+/// filled), and this process's death stays the last close, which hands every range back. With
+/// `CLONE_FILES` (`shares_files`) the child shares the table itself: nothing it can close, so
+/// the engine stops for good before the clone (returns 0).
+///
+/// # Safety
+/// `out` is valid for one write.
+///
+/// # Context
+/// The program thread that calls `clone`, from the front, inside the hook scope (nested calls
+/// do nothing); stopping for good waits for the engine's threads to leave.
+#[no_mangle]
+pub unsafe extern "C" fn zerofault_clone_prepare(shares_files: libc::c_int, out: *mut CloneFd) -> libc::c_int {
+    let Some(h) = Hook::enter() else { return 0 };
+    if shares_files == 0 {
+        let Some((fd, (dev, ino))) = h.running().and_then(engine::Engine::uffd_parts) else {
+            return 0;
+        };
+        // SAFETY: the caller's contract.
+        unsafe { out.write(CloneFd { fd, dev, ino }) };
+        return 1;
+    }
+    if let Some(e) = h.switch_off().filter(|e| e.is_active()) {
+        e.stop_for_good();
+        if e.options().verbose {
+            say(&format!(
+                "zerofault: engine stopped in pid {}: the program clones a process that shares its \
+                 memory and its descriptors; the kernel serves its faults from now on",
+                getpid()
+            ));
+        }
+    }
+    0
+}
+
 #[used]
 #[link_section = ".fini_array"]
 static FINI: extern "C" fn() = fini;

@@ -246,7 +246,8 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
             return q;
         }
         let len = h.usable as usize;
-        if a.contains(q as usize) {
+        // A sealed block keeps its pages (its free leaves it whole, as natively): copied.
+        if a.contains(q as usize) && !crate::arena::sealed(at, len) {
             // SAFETY: p and q are live arena blocks, q fresh and larger than p's usable bytes.
             unsafe { move_block(q as usize, at, len) };
         } else {

@@ -93,12 +93,17 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
 }
 
 /// munmap(2). Served memory is recycled first ([`engine::Engine::recycle`]: its pages go to the
-/// pool instead of the kernel), but only where the munmap cannot fail afterwards: the range
-/// must begin and end on the borders of registered ranges whose neighbours are not
-/// registered, so both ends are VMA borders (registration splits VMAs, and a VMA never spans
-/// a registered and an unregistered page) and the munmap splits no VMA, which is where it could
-/// fail (ENOMEM at `vm.max_map_count`) with the pages already gone. Anything else is the system
-/// call alone. The result and errno are the system call's.
+/// pool instead of the kernel), but only where the munmap cannot fail afterwards, since the
+/// pages are gone once moved (a refused call must change nothing):
+/// - no split: the range must begin and end on the borders of registered ranges whose
+///   neighbours are not registered, so both ends are VMA borders (registration splits VMAs,
+///   and a VMA never spans a registered and an unregistered page) and the munmap splits no
+///   VMA, which is where it could fail (ENOMEM at `vm.max_map_count`);
+/// - no seal: the kernel is asked first with `mprotect(PROT_READ | PROT_WRITE)` over the range
+///   ([`unmap_allowed`]), which it refuses (EPERM) on a sealed VMA (`mseal(2)`) as it refuses
+///   the munmap; `UFFDIO_MOVE` and `MADV_DONTNEED` on a sealed writable range are not refused.
+///
+/// Anything else is the system call alone. The result and errno are the system call's.
 ///
 /// # Safety
 /// As munmap(2): the caller gives up the range.
@@ -134,8 +139,23 @@ fn recycle_before_unmap(addr: usize, len: usize) {
     if first != addr || last != end || e.serves(addr.wrapping_sub(PAGE_SIZE)) || e.serves(end) {
         return;
     }
+    if !unmap_allowed(addr, end - addr) {
+        return;
+    }
     // SAFETY: the caller unmaps the range right after: its contents are given up.
     let _ = unsafe { e.recycle(addr as *mut u8, end - addr) };
+}
+
+/// Whether the kernel lets `[addr, addr + len)` (page aligned, served memory the program is
+/// about to unmap) change: `mprotect(PROT_READ | PROT_WRITE)` succeeds. It fails with EPERM
+/// where a VMA of the range is sealed (`mseal(2)`: the munmap would fail the same way), and
+/// with ENOMEM over a hole. The protection it sets is that of the memory the engine serves
+/// (which is also what `UFFDIO_MOVE` wants of a source); the range is unmapped right after.
+/// The kernel checks the seal VMA by VMA: VMAs before a sealed one in the range are made
+/// read-write before the EPERM (their contents are untouched).
+fn unmap_allowed(addr: usize, len: usize) -> bool {
+    // SAFETY: protection of memory the caller gives up right after; no content changes.
+    unsafe { libc::syscall(libc::SYS_mprotect, addr, len, libc::PROT_READ | libc::PROT_WRITE) == 0 }
 }
 
 /// mmap(2) as a system call: MAP_FAILED and errno on failure, like libc's.

@@ -229,7 +229,45 @@ impl Shared {
             self.kick_scrubs();
         }
         if self.live_handlers.fetch_sub(1, AcqRel) == 1 && self.failed.load(Acquire) {
-            drop(self.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+            self.close_uffd();
+        }
+    }
+
+    /// Closes the userfaultfd, every range the engine registered unregistered first. The
+    /// close alone hands every range back only when it is the last copy of the descriptor: a
+    /// process that shares the memory (`clone(CLONE_VM)` without `CLONE_THREAD`, which copies
+    /// or shares the descriptor table) keeps the registrations alive with its copy, and its
+    /// faults there would wait for ever for handlers that left. `UFFDIO_UNREGISTER` wakes every
+    /// fault waiting in the range, which the kernel then serves.
+    ///
+    /// # Context
+    /// The last handler to leave, or a program thread with every engine thread stopped (fail
+    /// open, stop for good, the engine's drop). Takes the descriptor's write lock, then the
+    /// range table's read lock; the ioctls sleep on the mmap lock.
+    pub(crate) fn close_uffd(&self) {
+        let mut uffd = self.uffd.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = uffd.as_ref() {
+            self.unregister_all(u);
+        }
+        drop(uffd.take());
+    }
+
+    /// Unregisters every range of the table (the program's memory), and the engine's own
+    /// registered mappings (pool rings, doorbells). Errors are ignored: a range the program
+    /// unmapped meanwhile has nothing left to wake.
+    ///
+    /// # Context
+    /// As [`Shared::close_uffd`], or the exiting thread ([`crate::Engine::stop_at_exit`]);
+    /// takes the range table's read lock; the ioctls sleep on the mmap lock.
+    pub(crate) fn unregister_all(&self, u: &Uffd) {
+        for r in self.ranges.overlapping(0, usize::MAX) {
+            let _ = u.unregister(r.start, r.end() - r.start);
+        }
+        let _ = u.unregister(self.doorbell, self.handlers() * PAGE_SIZE);
+        for p in &self.pools {
+            for (a, l) in p.areas() {
+                let _ = u.unregister(a, l);
+            }
         }
     }
 

@@ -264,20 +264,30 @@ impl Engine {
     /// so that a later destructor's faults are answered, until `exit_group` ends every thread.
     /// Whichever thread is last out tears the address space down at the program's own
     /// priority (no engine thread is ever SCHED_IDLE), and nothing is unmapped or closed here
-    /// that the kernel's teardown would not do anyway (DESIGN.md, "Exit").
+    /// that the kernel's teardown would not do anyway (DESIGN.md, "Exit"). Every range is
+    /// unregistered, as the last close would: from here on the kernel serves the faults.
     ///
     /// # Context
-    /// The exiting program thread (a library destructor), signals blocked; waits for nothing.
+    /// The exiting program thread (a library destructor), signals blocked; takes the
+    /// descriptor's and the range table's read locks, and the unregister ioctls sleep on the
+    /// mmap lock; waits for no engine thread.
     pub fn stop_at_exit(&self) {
         self.shared.exiting.store(true, Release);
         self.shared.machine.release();
         self.shared.kick_scrubs();
+        // A process sharing the memory (clone(CLONE_VM) without CLONE_THREAD) may outlive
+        // this one, holding a copy of the descriptor: the ranges are handed back now, so that
+        // its faults never wait for handlers that die with this process.
+        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(u) = uffd.as_ref() {
+            self.shared.unregister_all(u);
+        }
     }
 
     /// With no thread running: fails open (the descriptor closed, the pools emptied).
     fn fail_open_paused(&self) {
         self.shared.failed.store(true, Release);
-        drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+        self.shared.close_uffd();
         for p in &self.shared.pools {
             p.release_all();
         }
@@ -298,7 +308,7 @@ impl Drop for Engine {
         // scrub is joined: a MADV_DONTNEED of its on a pool ring (registered, see pool.rs)
         // waits for its REMOVE event to be read, which the handler no longer does; the close
         // releases it.
-        drop(self.shared.uffd.write().unwrap_or_else(|e| e.into_inner()).take());
+        self.shared.close_uffd();
         for s in t.scrubbers.drain(..) {
             s.join();
         }

@@ -337,6 +337,19 @@ impl Engine {
         Some(installed)
     }
 
+    /// The engine's userfaultfd as its number and `(st_dev, st_ino)`: for a process that will
+    /// share the memory (`clone(CLONE_VM)` without `CLONE_THREAD` or `CLONE_FILES`), which
+    /// closes its copy first, so that this process's exit remains the last close.
+    ///
+    /// # Context
+    /// Any thread; no lock.
+    pub fn uffd_parts(&self) -> Option<(i32, (u64, u64))> {
+        if self.shared.failed.load(std::sync::atomic::Ordering::Acquire) {
+            return None;
+        }
+        self.shared.uffd_identity.as_ref().map(|id| id.parts())
+    }
+
     /// Whether `fd` is the engine's own userfaultfd.
     ///
     /// # Context

@@ -8,7 +8,14 @@
 //!    4 KiB pages in runs into the small dirty ring. Then `MADV_DONTNEED` over the whole range
 //!    discards whatever stayed (pages the engine did not install, moves refused after a fork
 //!    (EBUSY) or for an mlocked range (EINVAL), rings full): the range reads zero afterwards,
-//!    as after `MADV_DONTNEED`, and its next touch is served by the engine.
+//!    as after `MADV_DONTNEED`, and its next touch is served by the engine. A recycle is a
+//!    discard: it cannot be undone. The kernel does not refuse `UFFDIO_MOVE` out of a sealed
+//!    (`mseal(2)`) writable range, nor its `MADV_DONTNEED`; where the program's call is one the
+//!    kernel may refuse (a munmap, the free of an arena block), the shim asks the kernel first
+//!    and recycles only when the call will go through (preload `mmap.rs`, `arena::sealed`).
+//!    Where the discard itself is refused (an mlocked range, a sealed read-only one), no page
+//!    was moved: the kernel refuses those moves too (the source must have the dirty ring's
+//!    protection and no lock).
 //! 2. **Dirty.** A [`DirtyRing`] holds the program's bytes. Its pages are never handed out:
 //!    the fault handler takes pages from the clean rings only ([`crate::pool::Ring`]), and
 //!    nothing but the scrub moves pages from a dirty ring to a clean one.

@@ -175,6 +175,12 @@ impl FdIdentity {
         self.fd == fd && file_id(fd) == Ok(self.id)
     }
 
+    /// The number and `(st_dev, st_ino)`, for code outside the engine that closes a copy of
+    /// the descriptor in a process sharing the memory (the shim's front, in a clone child).
+    pub(crate) fn parts(&self) -> (RawFd, (u64, u64)) {
+        (self.fd, self.id)
+    }
+
     /// Closes the descriptor if its number still names the same file. Async-signal-safe
     /// (fstat and close).
     ///
