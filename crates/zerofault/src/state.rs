@@ -260,8 +260,11 @@ impl Shared {
     /// As [`Shared::close_uffd`], or the exiting thread ([`crate::Engine::stop_at_exit`]);
     /// takes the range table's read lock; the ioctls sleep on the mmap lock.
     pub(crate) fn unregister_all(&self, u: &Uffd) {
-        for r in self.ranges.overlapping(0, usize::MAX) {
-            let _ = u.unregister(r.start, r.end() - r.start);
+        // A walk by address, not a list: nothing is allocated here (see `next_span`).
+        let mut at = 0;
+        while let Some((start, end)) = self.ranges.next_span(at) {
+            let _ = u.unregister(start, end - start);
+            at = end;
         }
         let _ = u.unregister(self.doorbell, self.handlers() * PAGE_SIZE);
         for p in &self.pools {

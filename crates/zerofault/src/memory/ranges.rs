@@ -183,6 +183,25 @@ impl RangeTable {
         self.read().overlapping(start, end, None)
     }
 
+    /// The first range that ends after `addr`, as `(start, end)`: a walk over the table that
+    /// allocates nothing (the exit's and a fail-open's unregistering, where the engine's
+    /// allocator may have no memory left to give: at `vm.max_map_count`).
+    ///
+    /// # Context
+    /// Any thread; takes the range table's read lock for the lookup only.
+    pub(crate) fn next_span(&self, addr: usize) -> Option<(usize, usize)> {
+        let t = self.read();
+        if let Some((_, r)) = t.by_start.range(..=addr).next_back() {
+            if r.end() > addr {
+                return Some((r.start, r.end()));
+            }
+        }
+        t.by_start
+            .range(addr.saturating_add(1)..)
+            .next()
+            .map(|(_, r)| (r.start, r.end()))
+    }
+
     /// Whether a range overlaps `[start, end)`.
     ///
     /// # Context
