@@ -304,10 +304,15 @@ options! {
     /// the engine, even one that served nothing: `{"pid":..,"program":"<comm>","pages_served":..`
     /// and every counter. A path (any value with a `/`; a relative one is resolved against
     /// the working directory of each process as it starts: use an absolute path for a fleet
-    /// that changes directory): the same lines appended to that file, opened with O_APPEND,
-    /// one write each, so that the processes of a fleet can share it (a regular file only);
-    /// `zerofault stats FILE` adds them up. Written at exit: a process that ends with
-    /// `_exit`, a signal or an exec writes none.
+    /// that changes directory): the same lines appended to that file, one write each, so
+    /// that the processes of a fleet can share it; `zerofault stats FILE` adds them up. The
+    /// file is opened when the report is written, with the rights the process holds then, and
+    /// closed at once: a process that dropped its privileges or entered a chroot after
+    /// start-up and can no longer open it writes no line and says so once on stderr. Only a
+    /// regular file, never through a symbolic link (`O_NOFOLLOW`), and in a sticky directory
+    /// others may write to (/tmp) only a file of the process's own user with a single link:
+    /// for a file shared by several users, use a directory that is not sticky. Written at
+    /// exit: a process that ends with `_exit`, a signal or an exec writes none.
     stats: StatsKind = "off",
     /// LD_PRELOAD shim: pass every call through; the program runs as without the shim.
     disable: Bool = "off",
