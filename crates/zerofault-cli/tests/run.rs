@@ -190,8 +190,12 @@ fn threads_and_signals_behave_as_without_the_shim() {
         "{out}"
     );
     assert_same(&plain, &shim);
+    // The threads write about 172,000 pages; how many the engine serves depends on how their
+    // faults interleave (a thread whose faults land in another's window misses its prediction,
+    // and a span is handed back): 86,000 to 198,000 in runs of the same build. A quarter of them
+    // shows the engine served the threads.
     assert!(
-        pages_served(&shim) > 100_000,
+        pages_served(&shim) > 43_000,
         "{}",
         String::from_utf8_lossy(&shim.stderr)
     );

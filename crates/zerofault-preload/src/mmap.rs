@@ -373,6 +373,10 @@ pub unsafe extern "C" fn mlockall(flags: c_int) -> c_int {
         if let Some(e) = e {
             e.after_mlockall();
         }
+        // The engine's allocator's reservation (the shim's metadata, made before any engine).
+        if let Some((addr, len)) = engine::os::alloc::reservation_area() {
+            let _ = mman::munlock(addr, len);
+        }
         if let Some(a) = arena() {
             a.each_free(|addr, len| {
                 let _ = mman::munlock(addr, len);

@@ -366,6 +366,17 @@ fn reservation() -> Option<usize> {
     Some(base)
 }
 
+/// The chunk reservation, `(base, len)`, once it is made: the engine's own memory, which a
+/// program's `mlockall(MCL_CURRENT)` marks locked and the shim's hook unlocks after it (in
+/// the shim this allocator serves every allocation, from before any engine starts).
+///
+/// # Context
+/// Any thread; atomics only.
+pub fn reservation_area() -> Option<(usize, usize)> {
+    let base = RESERVE_BASE.load(Acquire);
+    (base > RESERVE_NONE).then(|| (base, RESERVE_LEN.load(Relaxed)))
+}
+
 /// The next chunk of the reservation, made read-write; None when it is used up or the kernel
 /// refuses the protection change (the chunk is then lost: it stays `PROT_NONE`).
 fn reserved_chunk() -> Option<usize> {

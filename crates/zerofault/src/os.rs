@@ -85,5 +85,5 @@ pub mod machine {
 
 /// The engine's allocator over raw mmap, and its fork hooks.
 pub mod alloc {
-    pub use crate::alloc::{fork_child, fork_parent, fork_prepare, EngineAlloc};
+    pub use crate::alloc::{fork_child, fork_parent, fork_prepare, reservation_area, EngineAlloc};
 }
