@@ -302,18 +302,14 @@ fn new_chunk(class: usize) -> Option<usize> {
 // ---------------------------------------------------------------------------------------------
 // The chunk reservation
 //
-// Each chunk mapped alone is a VMA of its own (their alignment trims keep them apart), and a
-// process has `vm.max_map_count` of them: a program with tens of thousands of regions, whose
-// metadata takes hundreds of chunks, lost as many mappings to the engine, and at the limit a
-// new chunk could not be mapped at all and Rust's allocation-failure handler aborted the
+// Each chunk mapped alone would be a VMA of its own, taken from the program's
+// `vm.max_map_count`, and at the limit Rust's allocation-failure handler would abort the
 // process. So chunks are carved in order from one reservation made once (`PROT_NONE`,
-// `MAP_NORESERVE`: address space only, no commit charge), each made read-write by `mprotect`
-// as it is taken: the read-write part grows as one VMA (the kernel merges the new chunk into
-// the one before it), so the reservation is two VMAs however many chunks it holds, and taking a
-// chunk needs no new VMA even at the map-count limit. A few chunks are made read-write with the
-// reservation and kept as spares, for when both a carve and a mapping of its own fail (the
-// commit limit, the map-count limit once the reservation is used up): metadata is then still
-// served, and the process is not aborted for it.
+// `MAP_NORESERVE`: address space only), each made read-write by `mprotect` as it is taken: the
+// kernel merges it into the read-write run before it, so the reservation is two VMAs however
+// many chunks it holds. A few chunks are made read-write with the reservation and kept as
+// spares, for when both a carve and a mapping of its own fail (the commit limit, the map-count
+// limit once the reservation is used up). docs/DESIGN.md, "The engine's allocator".
 
 /// Bytes of the chunk reservation (at most: under a finite RLIMIT_AS / RLIMIT_DATA a
 /// sixty-fourth of the limit, none under [`RESERVE_MIN`]).
@@ -366,9 +362,8 @@ fn reservation() -> Option<usize> {
     Some(base)
 }
 
-/// The chunk reservation, `(base, len)`, once it is made: the engine's own memory, which a
-/// program's `mlockall(MCL_CURRENT)` marks locked and the shim's hook unlocks after it (in
-/// the shim this allocator serves every allocation, from before any engine starts).
+/// The chunk reservation, `(base, len)`, once made: a program's `mlockall` locks it, and the
+/// shim's hook unlocks it.
 ///
 /// # Context
 /// Any thread; atomics only.
