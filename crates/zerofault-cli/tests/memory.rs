@@ -5,8 +5,7 @@
 
 mod common;
 
-use common::{cc, counter, measured, run, stderr, stdout, temp_dir, zerofault};
-use std::path::{Path, PathBuf};
+use common::{cc, counter, measured, run, stderr, stdout, temp_dir, zerofault, Cgroup};
 use std::process::{Command, Output};
 use std::time::Duration;
 
@@ -125,83 +124,6 @@ fn sparse_mappings_in_a_row_are_left_to_the_kernel_until_a_dense_one() {
     );
     assert!(served >= 30 * 1024, "{served} pages served: {}", stderr(&o));
     std::fs::remove_dir_all(&dir).unwrap();
-}
-
-/// A memory cgroup of its own for one test: a child of this process's memory cgroup (v1's
-/// memory hierarchy where it is mounted, else v2's), removed when dropped.
-struct Cgroup {
-    dir: PathBuf,
-    v2: bool,
-}
-
-impl Cgroup {
-    fn new(name: &str, limit: u64) -> Cgroup {
-        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
-        let v1 = own.lines().find_map(|l| {
-            let mut f = l.splitn(3, ':');
-            let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
-            ctl.split(',').any(|c| c == "memory").then(|| path.to_string())
-        });
-        let (v2, parent) = match v1 {
-            Some(p) => (
-                false,
-                Path::new("/sys/fs/cgroup/memory").join(p.trim_start_matches('/')),
-            ),
-            None => {
-                let p = own.lines().find_map(|l| l.strip_prefix("0::")).expect("a cgroup");
-                (true, Path::new("/sys/fs/cgroup").join(p.trim_start_matches('/')))
-            }
-        };
-        let dir = parent.join(format!("{name}-{}", std::process::id()));
-        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
-        let cg = Cgroup { dir, v2 };
-        let file = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
-        std::fs::write(cg.dir.join(file), limit.to_string()).unwrap_or_else(|e| {
-            panic!(
-                "{}: {e} (v2: is the memory controller on?)",
-                cg.dir.join(file).display()
-            )
-        });
-        cg
-    }
-
-    /// Runs `cmd` inside the cgroup (the child moves itself in before exec).
-    fn run(&self, cmd: &mut Command) -> Output {
-        use std::os::unix::process::CommandExt;
-        let procs = std::ffi::CString::new(self.dir.join("cgroup.procs").to_str().unwrap()).unwrap();
-        // SAFETY: the child writes "0" (itself) to cgroup.procs with open/write/close only.
-        unsafe {
-            cmd.pre_exec(move || {
-                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
-                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                libc::close(fd);
-                Ok(())
-            })
-        };
-        run(cmd, Duration::from_secs(120))
-    }
-
-    /// Times the kernel's OOM killer killed in the cgroup.
-    fn oom_kills(&self) -> u64 {
-        let (file, key) = if self.v2 {
-            ("memory.events", "oom_kill ")
-        } else {
-            ("memory.oom_control", "oom_kill ")
-        };
-        let text = std::fs::read_to_string(self.dir.join(file)).unwrap();
-        text.lines()
-            .find_map(|l| l.strip_prefix(key)?.trim().parse().ok())
-            .unwrap_or(0)
-    }
-}
-
-impl Drop for Cgroup {
-    fn drop(&mut self) {
-        // Empty by now: every process run in it has exited.
-        let _ = std::fs::remove_dir(&self.dir);
-    }
 }
 
 fn fits(limit: u64) {

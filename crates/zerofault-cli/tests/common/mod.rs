@@ -367,3 +367,97 @@ pub fn assert_same(plain: &Output, shim: &Output) {
     );
     assert_eq!(program_stderr(plain), program_stderr(shim), "stderr");
 }
+
+/// A memory cgroup of its own: a child of this process's memory cgroup (v1's memory hierarchy
+/// where it is mounted, else v2's), removed when dropped, also when the test fails (tests/memory.rs,
+/// tests/round3_cgroup.rs).
+pub struct Cgroup {
+    dir: PathBuf,
+    v2: bool,
+}
+
+impl Cgroup {
+    pub fn new(name: &str, limit: u64) -> Cgroup {
+        let own = std::fs::read_to_string("/proc/self/cgroup").unwrap();
+        let v1 = own.lines().find_map(|l| {
+            let mut f = l.splitn(3, ':');
+            let (_, ctl, path) = (f.next()?, f.next()?, f.next()?);
+            ctl.split(',').any(|c| c == "memory").then(|| path.to_string())
+        });
+        let (v2, parent) = match v1 {
+            Some(p) => (
+                false,
+                Path::new("/sys/fs/cgroup/memory").join(p.trim_start_matches('/')),
+            ),
+            None => {
+                let p = own.lines().find_map(|l| l.strip_prefix("0::")).expect("a cgroup");
+                (true, Path::new("/sys/fs/cgroup").join(p.trim_start_matches('/')))
+            }
+        };
+        let dir = parent.join(format!("{name}-{}", std::process::id()));
+        std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("mkdir {}: {e}", dir.display()));
+        let cg = Cgroup { dir, v2 };
+        let file = if v2 { "memory.max" } else { "memory.limit_in_bytes" };
+        std::fs::write(cg.dir.join(file), limit.to_string()).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e} (v2: is the memory controller on?)",
+                cg.dir.join(file).display()
+            )
+        });
+        cg
+    }
+
+    /// Runs `cmd` inside the cgroup (the child moves itself in before exec), within 120 s.
+    pub fn run(&self, cmd: &mut Command) -> Output {
+        use std::os::unix::process::CommandExt;
+        let procs = std::ffi::CString::new(self.dir.join("cgroup.procs").to_str().unwrap()).unwrap();
+        // SAFETY: the child writes "0" (itself) to cgroup.procs with open/write/close only.
+        unsafe {
+            cmd.pre_exec(move || {
+                let fd = libc::open(procs.as_ptr(), libc::O_WRONLY);
+                if fd < 0 || libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                libc::close(fd);
+                Ok(())
+            })
+        };
+        run(cmd, Duration::from_secs(120))
+    }
+
+    /// Times the kernel's OOM killer killed in the cgroup so far.
+    pub fn oom_kills(&self) -> u64 {
+        let file = if self.v2 { "memory.events" } else { "memory.oom_control" };
+        let text = std::fs::read_to_string(self.dir.join(file)).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill ")?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// The most the cgroup ever used, MiB (v2 kernels before 5.19 have no memory.peak: 0).
+    pub fn peak_mib(&self) -> u64 {
+        let file = if self.v2 {
+            "memory.peak"
+        } else {
+            "memory.max_usage_in_bytes"
+        };
+        std::fs::read_to_string(self.dir.join(file))
+            .ok()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .map_or(0, |b| b >> 20)
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Its processes have exited or been killed (the time limit kills the whole group):
+        // the kernel may take a moment to let them go.
+        for _ in 0..50 {
+            if std::fs::remove_dir(&self.dir).is_ok() || !self.dir.exists() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("could not remove {}", self.dir.display());
+    }
+}
