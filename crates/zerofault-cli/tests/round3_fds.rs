@@ -1,7 +1,8 @@
 //! Descriptors and mappings the shim must leave to the program: under a tight RLIMIT_NOFILE the
 //! engine does not start (the program gets every descriptor it gets natively), elsewhere it
-//! holds one descriptor (its userfaultfd) and no other; at `vm.max_map_count` the engine's own
-//! metadata takes no more mappings than a few, and nothing the engine allocates there aborts
+//! holds one descriptor (its userfaultfd) and no other, and makes no open in the program's
+//! table (`close(0); open()` gets 0); a program that closes it loses nothing; at
+//! `vm.max_map_count` the engine's own metadata takes no more mappings than a few, and nothing the engine allocates there aborts
 //! the program. The program is fds.c of crates/zerofault-preload/tests/c; every run has a time
 //! limit (a hang fails the test) and a memory cap.
 
@@ -80,6 +81,28 @@ fn a_tight_descriptor_limit_keeps_every_descriptor_for_the_program() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Catches the engine's descriptor counting against a `RLIMIT_NOFILE` the program lowers after
+/// the engine started: the descriptor sits above the new limit (`open` only gives numbers
+/// below it), so the program gets as many descriptors as natively, 13 under 16 and 1 under 4.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_descriptor_limit_lowered_after_the_start_keeps_every_descriptor_for_the_program() {
+    let dir = temp_dir("r3-nofile-late");
+    let prog = cc("fds", &dir, false);
+    for limit in ["4", "16", "100"] {
+        let native = go(&mut plain(&prog, &["nofile-late", limit]));
+        assert!(native.status.success(), "natively: {}", stderr(&native));
+        let shim = go(&mut shimmed(&prog, false, &["nofile-late", limit]));
+        assert!(shim.status.success(), "{}", stderr(&shim));
+        assert_eq!(
+            opened(&shim),
+            opened(&native),
+            "RLIMIT_NOFILE {limit} set after the start"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Catches a descriptor of the engine's beyond its one userfaultfd (without `--stats`, whose
 /// output descriptor is the stats knob's own).
 #[test]
@@ -98,6 +121,64 @@ fn the_engine_holds_one_descriptor() {
         "one descriptor, the userfaultfd: {}",
         stderr(&shim)
     );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Catches a short-lived open of an engine thread in the program's descriptor table: a daemon's
+/// `close(0); open("/dev/null")` must get 0, the lowest free number, while the engine works
+/// beside it (an open of /proc by the scrub or a handler took 0 for a moment: 17-29 of
+/// 1.5 million opens got 4). Engine threads keep their files in tables of their own.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn close_then_open_gets_the_lowest_number_while_the_engine_works() {
+    let dir = temp_dir("r3-lowfd");
+    let prog = cc("fds", &dir, false);
+    let native = go(&mut plain(&prog, &["lowfd", "2"]));
+    assert!(
+        stdout(&native).starts_with("wrong descriptor 0 of "),
+        "natively: {}",
+        stdout(&native)
+    );
+    let shim = go(&mut shimmed(&prog, false, &["lowfd", "6"]));
+    assert!(shim.status.success(), "{}", stderr(&shim));
+    assert_eq!(measured(&shim, "uffd_fds"), 1, "the engine ran: {}", stderr(&shim));
+    assert!(
+        stdout(&shim).starts_with("wrong descriptor 0 of "),
+        "an engine thread held the lowest free number: {}",
+        stdout(&shim)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Catches a hang or lost data when the program closes every descriptor it does not know
+/// (`close_range(3, ~0)`, as daemons do), the engine's userfaultfd among them: its engine
+/// threads hold copies of their own, so the engine must notice and hand every range back
+/// (then leave: one thread, as natively), while the program's writes, reads and
+/// `MADV_DONTNEED`s go on.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn the_program_closing_the_engines_descriptor_loses_nothing() {
+    let dir = temp_dir("r3-closeall");
+    let prog = cc("fds", &dir, false);
+    let native = go(&mut plain(&prog, &["closeall"]));
+    assert_eq!(
+        stdout(&native),
+        "after closing: bad 0\n",
+        "natively: {}",
+        stderr(&native)
+    );
+    assert_eq!(measured(&native, "threads"), 1);
+    for _ in 0..3 {
+        let shim = go(&mut shimmed(&prog, false, &["closeall"]));
+        assert!(shim.status.success(), "{}", stderr(&shim));
+        assert_eq!(stdout(&shim), "after closing: bad 0\n", "{}", stderr(&shim));
+        assert_eq!(
+            measured(&shim, "threads"),
+            1,
+            "the engine's threads left: {}",
+            stderr(&shim)
+        );
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

@@ -128,6 +128,9 @@ fn init_options() {
     // The engine's threads here allocate from the engine's own memory (lib.rs's global
     // allocator), never with glibc's malloc.
     engine::os::thread::own_allocator();
+    // Their opens of /proc never take a number the program's `open` expects; a failed
+    // engine's copy in the program's table is closed by the next hook (`Engine::tidy`).
+    engine::os::thread::own_tables();
     engine::os::thread::prepare();
     open_report(&opts.stats);
     THRESHOLD.store(opts.preload_threshold.max(PAGE_SIZE), Release);

@@ -115,7 +115,9 @@ pub fn running() -> Option<&'static Engine> {
     }
     let e = ENGINE.load(Acquire);
     // SAFETY: ENGINE points to a leaked Box<Engine> that is never freed while READY.
-    (!e.is_null()).then(|| unsafe { &*e })
+    let e = (!e.is_null()).then(|| unsafe { &*e })?;
+    e.tidy();
+    Some(e)
 }
 
 /// Whether the knobs ask for a line on what the shim does (`ZEROFAULT_VERBOSE`).

@@ -1007,6 +1007,7 @@ mod tests {
         let s = seen.clone();
         let t = crate::sys::thread::spawn(
             "zf-test-alloc",
+            crate::sys::thread::Table::Program,
             Box::new(move || {
                 let me = thread_id();
                 let mut ok = me != 0;

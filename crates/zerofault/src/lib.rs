@@ -72,17 +72,19 @@
 //! ## Failing open
 //! Everything the engine does is an optimisation of what the kernel would do anyway. If a
 //! handler thread panics, meets an errno no install expects (EPERM from a seccomp filter,
-//! EBADF, a failed wake), finds its descriptor closed or replaced by the program, or the
-//! [`Engine`] is dropped, the userfaultfd is closed (by the last handler to leave: see
-//! docs/SCALING.md); the kernel then wakes every blocked fault
-//! and serves every later one itself. Pages already installed stay; nothing is lost, nothing
-//! hangs.
+//! EBADF, a failed wake), the program closes the engine's descriptor, or the [`Engine`] is
+//! dropped, every range is unregistered (by the last handler to leave, which then reads what
+//! is still queued until its copy of the descriptor is the last: `Shared::drain_then_close`);
+//! the kernel then wakes every blocked fault and serves every later one itself. Pages already
+//! installed stay; nothing is lost, nothing hangs.
 //!
 //! ## Living inside other programs
 //! The engine's threads are its own (`sys/thread.rs`): made with `clone(2)` on memory and TLS
 //! the engine set up, so that starting them calls no allocator of the program's, and started
-//! with every signal blocked. The engine holds one descriptor (the userfaultfd; Engine::drop
-//! wakes each handler by faulting on a page of its own, its doorbell). Every system call goes
+//! with every signal blocked, each in a descriptor table of its own that holds only the
+//! userfaultfd (their opens of /proc never take a number the program's `open` expects). The
+//! program's table holds one descriptor of the engine's, the userfaultfd (Engine::drop wakes
+//! each handler by faulting on a page of its own, its doorbell). Every system call goes
 //! through `sys/raw.rs`, which leaves the program's `errno` alone; its mappings are never
 //! locked or populated by a program's `mlockall`, and are asked for in an address zone of their
 //! own (`sys/mman.rs`). Its metadata grows with what is touched, not with what is reserved

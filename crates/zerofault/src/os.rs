@@ -74,7 +74,7 @@ pub mod raw {
 /// Signals and threads.
 pub mod thread {
     pub use crate::sys::thread::{
-        forget_engine_threads_after_fork, own_allocator, prepare, seccomp_filtered, traced, Blocked,
+        forget_engine_threads_after_fork, own_allocator, own_tables, prepare, seccomp_filtered, traced, Blocked,
     };
 }
 

@@ -92,6 +92,12 @@ pub(crate) struct Shared {
     /// Scrub threads at work now (awake between two waits): a handler's poll
     /// (`handler_spin`) leaves their CPUs to them.
     pub(crate) scrubs_working: AtomicUsize,
+    /// Scrub threads alive (each holds a copy of the descriptor in its own table).
+    pub(crate) live_scrubs: AtomicUsize,
+    /// The program's table still holds the descriptor, as far as the engine knows: engine
+    /// threads hold copies in tables of their own (`sys::file::own_descriptor_table`), so a
+    /// close by one of them does not hand the ranges back; see [`Shared::drain_then_close`].
+    pub(crate) program_copy: AtomicBool,
     /// The NUMA view, where more than one node has memory (`None` on one node: nothing NUMA is
     /// done at all). See `memory/nodes.rs` and `Handler::choose_nodes`.
     pub(crate) numa: Option<crate::memory::nodes::Nodes>,
@@ -171,6 +177,8 @@ impl Shared {
             event_order: Mutex::new(()),
             live_handlers: AtomicUsize::new(0),
             scrubs_working: AtomicUsize::new(0),
+            live_scrubs: AtomicUsize::new(0),
+            program_copy: AtomicBool::new(p.uffd_identity.is_some()),
             uffd_identity: p.uffd_identity,
             lending: p.lending,
             budget: p.budget,
@@ -214,10 +222,12 @@ impl Shared {
     /// A handler thread leaves, with its read guard on the descriptor dropped; `failed`: other
     /// than by an orderly stop. The engine fails open: `failed` is set at once (the other
     /// handlers see it within their poll timeout and leave too), and the last handler to leave
-    /// closes the userfaultfd, which wakes every blocked fault and gives every later one to
-    /// the kernel. Not the first: its write lock would wait for the others' read guards, and
-    /// std's RwLock then holds back new readers, so a program thread holding `reg` on its way
-    /// to a read guard, and a handler waiting for `reg` in a hand-back, would never let go.
+    /// hands every range back and closes the descriptor; with descriptor tables of their own
+    /// (the shim), it reads what is still queued until its copy is the last instead
+    /// ([`Shared::drain_then_close`]). Not the first: its write lock would wait for
+    /// the others' read guards, and std's RwLock then holds back new readers, so a program
+    /// thread holding `reg` on its way to a read guard, and a handler waiting for `reg` in a
+    /// hand-back, would never let go.
     ///
     /// # Context
     /// A handler, on its way out (its guard's drop). The last one takes the descriptor's
@@ -229,27 +239,131 @@ impl Shared {
             self.kick_scrubs();
         }
         if self.live_handlers.fetch_sub(1, AcqRel) == 1 && self.failed.load(Acquire) {
-            self.close_uffd();
+            if crate::sys::thread::tables_own() {
+                self.drain_then_close();
+            } else {
+                // The program's table is this thread's: its close is the program's.
+                self.close_uffd();
+            }
         }
     }
 
-    /// Closes the userfaultfd, every range the engine registered unregistered first. The
-    /// close alone hands every range back only when it is the last copy of the descriptor: a
-    /// process that shares the memory (`clone(CLONE_VM)` without `CLONE_THREAD`, which copies
-    /// or shares the descriptor table) keeps the registrations alive with its copy, and its
-    /// faults there would wait for ever for handlers that left. `UFFDIO_UNREGISTER` wakes every
-    /// fault waiting in the range, which the kernel then serves.
+    /// The last handler of a failed engine: every range is unregistered (which wakes every
+    /// fault waiting there; the kernel serves them and all later ones), then the descriptor is
+    /// taken from the others and read until this thread's copy is the last one: the program's
+    /// copy closed (by its next hook, [`Shared::tidy`], or by a stop) and every scrub gone. A
+    /// `MADV_DONTNEED` or `munmap` that raised an event just before the unregister waits until
+    /// the event is read or the descriptor released; engine threads' copies live in tables of
+    /// their own, so this thread's close alone would release nothing. A stop (`stopping`) ends
+    /// the reading too: its caller closes the program's copy right after.
     ///
     /// # Context
-    /// The last handler to leave, or a program thread with every engine thread stopped (fail
-    /// open, stop for good, the engine's drop). Takes the descriptor's write lock, then the
-    /// range table's read lock; the ioctls sleep on the mmap lock.
+    /// The last handler thread, on its way out; takes the descriptor's write lock (as
+    /// [`Shared::close_uffd`]); sleeps in polls of 100 ms.
+    pub(crate) fn drain_then_close(&self) {
+        let taken = {
+            let mut uffd = self.uffd.write().unwrap_or_else(|e| e.into_inner());
+            if let Some(u) = uffd.as_ref() {
+                self.unregister_all(u);
+            }
+            uffd.take()
+        };
+        let Some(u) = taken else { return };
+        let mut raw = [crate::sys::uffd::RawMsg::default(); 16];
+        while !self.stopping.load(Acquire) && (self.program_copy.load(Acquire) || self.live_scrubs.load(Acquire) > 0) {
+            let Ok(n) = u
+                .wait(Some(std::time::Duration::from_millis(100)))
+                .and_then(|()| u.read(&mut raw))
+            else {
+                break;
+            };
+            // Nothing is registered any more: a fault read here (raised before the unregister)
+            // is woken, for the kernel to serve.
+            for m in &raw[..n] {
+                if let crate::sys::uffd::Msg::PageFault { addr, .. } = m.decode() {
+                    let _ = u.wake(addr & !(PAGE_SIZE - 1), PAGE_SIZE);
+                }
+            }
+        }
+        drop(u);
+    }
+
+    /// Closes the userfaultfd, every range the engine registered unregistered first, and the
+    /// program's copy with it when a failed handler took the descriptor ([`Shared::drain_then_close`]).
+    /// `UFFDIO_UNREGISTER` wakes every fault waiting in the range, which the kernel then
+    /// serves; the unregister, not the close, hands the ranges back: a process that shares the
+    /// memory (`clone(CLONE_VM)` without `CLONE_THREAD`) or an engine thread may hold a copy.
+    ///
+    /// # Context
+    /// A program thread with every engine thread stopped (fail open, stop for good, the
+    /// engine's drop), or the last handler leaving, where engine threads share the program's
+    /// descriptor table. Takes the descriptor's write lock, then the range table's read lock;
+    /// the ioctls sleep on the mmap lock.
     pub(crate) fn close_uffd(&self) {
         let mut uffd = self.uffd.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(u) = uffd.as_ref() {
+        // Not through a number the program took back (it closed the engine's copy): with
+        // every engine thread gone, the last copy closed releases the ranges anyway.
+        if let Some(u) = uffd.as_ref().filter(|u| u.still_ours()) {
             self.unregister_all(u);
         }
         drop(uffd.take());
+        drop(uffd);
+        self.close_program_copy();
+    }
+
+    /// The program's copy of the descriptor, closed if its number still names the engine's
+    /// file (once).
+    ///
+    /// # Context
+    /// A program thread, or an engine thread sharing the program's table (never one with a
+    /// table of its own).
+    fn close_program_copy(&self) {
+        if self.program_copy.swap(false, AcqRel) {
+            if let Some(id) = self.uffd_identity {
+                // SAFETY: the engine no longer uses the program's copy: the descriptor was
+                // taken from `uffd` (by a failed handler, or by `close_uffd` above).
+                unsafe { id.close_if_same() };
+            }
+        }
+    }
+
+    /// On a program thread's way into the engine (each hook): once a failed handler took the
+    /// descriptor, the program's copy is closed here, and the handler reading what is still
+    /// queued may leave. One atomic load otherwise.
+    ///
+    /// # Context
+    /// A program thread, inside a hook; may take the descriptor's read lock (never waits on it).
+    pub(crate) fn tidy(&self) {
+        if !self.failed.load(Acquire) || !self.program_copy.load(Acquire) {
+            return;
+        }
+        let taken = self.uffd.try_read().is_ok_and(|u| u.is_none());
+        if taken {
+            self.close_program_copy();
+        }
+    }
+
+    /// The descriptor for a program thread's ioctl: `None` once the program closed its copy
+    /// (`closefrom`, `close_range`), whose number may name a file of the program's now. The
+    /// engine then fails open: its handlers, which hold copies of their own, hand every range
+    /// back. Engine threads get the descriptor as it is (their tables hold it).
+    ///
+    /// # Context
+    /// Any thread; takes the descriptor's read lock; one fstat on a program thread.
+    pub(crate) fn uffd_here(&self) -> Option<std::sync::RwLockReadGuard<'_, Option<Uffd>>> {
+        let program = !crate::sys::thread::is_engine_thread();
+        if program {
+            self.tidy();
+        }
+        let guard = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let lost = guard.is_some() && program && self.uffd_identity.is_some_and(|id| !id.present());
+        if lost {
+            self.program_copy.store(false, Release);
+            self.failed.store(true, Release);
+            self.kick_scrubs();
+            return None;
+        }
+        Some(guard)
     }
 
     /// Unregisters every range of the table (the program's memory), and the engine's own
@@ -331,7 +445,8 @@ impl Shared {
         if !fresh {
             r.pmds.mark_tables(addr, len);
         }
-        let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.uffd_here();
+        let uffd = held.as_deref().and_then(Option::as_ref);
         if let Some(u) = uffd.as_ref() {
             // SAFETY: this function's contract.
             if let Err(e) = unsafe { u.register(addr, len) } {

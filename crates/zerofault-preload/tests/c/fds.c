@@ -3,6 +3,8 @@
  *   fds nofile N   soft and hard RLIMIT_NOFILE set to N first, then two 64 MiB blocks written
  *                  (the engine starts, where it may), then /dev/null opened until EMFILE:
  *                  prints "opened K descriptors"
+ *   fds nofile-late N   the same, with two 64 MiB blocks written before the limit is set (the
+ *                  engine runs already)
  *   fds list       two 64 MiB blocks written, then the descriptors open beyond those open at
  *                  start: prints "new descriptors: K"; their userfaultfd count goes to stderr
  *                  as "uffd_fds=N"
@@ -10,6 +12,15 @@
  *                  that none merge) until mmap fails; then malloc(1000) and fopen of
  *                  /proc/self/maps at the limit: prints "at the limit: malloc ok, fopen ok";
  *                  the number of mappings made goes to stderr as "maps=N"
+ *   fds lowfd SECS 128 MiB blocks malloc'd, one byte (every other round: none) written, freed,
+ *                  for SECS seconds; between rounds, 2000 times: close(0), open("/dev/null")
+ *                  must give 0 (the lowest free number), then the original stdin is put back:
+ *                  prints "wrong descriptor W of N opens"; the userfaultfd count goes to stderr
+ *                  as "uffd_fds=N"
+ *   fds closeall   two 64 MiB blocks written, then every descriptor above 2 closed
+ *                  (close_range), the engine's too; then 64 MiB blocks written, checked,
+ *                  MADV_DONTNEEDed and freed, 40 rounds: prints "after closing: bad B"; the
+ *                  threads of the process 0.3 s later go to stderr as "threads=N"
  *   fds chroot DIR / fds umount
  *                  two 64 MiB blocks written, then the program loses /proc: it chroots into
  *                  the empty directory DIR, or unmounts /proc in a mount namespace of its own;
@@ -32,6 +43,9 @@
 #include <sys/mount.h>
 #include <sys/ptrace.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
+#include <stdint.h>
+#include <time.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,9 +88,10 @@ static int scan(char *open, const char *was, int *uffd) {
     return n;
 }
 
-static int nofile(int lim) {
+static int nofile(int lim, int late) {
     struct rlimit r = {lim, lim};
     for (int fd = 3; fd < 1024; fd++) close(fd);
+    if (late) write_blocks(2);
     if (setrlimit(RLIMIT_NOFILE, &r)) { perror("setrlimit"); return 1; }
     write_blocks(2);
     int n = 0, fd;
@@ -113,6 +128,57 @@ static int maps(void) {
     FILE *f = fopen("/proc/self/maps", "r");
     printf("at the limit: malloc %s, fopen %s\n", m ? "ok" : "NULL", f ? "ok" : strerror(errno));
     fprintf(stderr, "maps=%d\n", n);
+    return 0;
+}
+
+static int lowfd(int secs) {
+    int saved = dup(0);
+    long opens = 0, wrong = 0;
+    time_t end = time(NULL) + secs;
+    for (int round = 0; time(NULL) < end; round++) {
+        unsigned char *b = malloc(128 * MB);
+        if (!b) { perror("malloc"); return 1; }
+        if (round & 1) b[0] = 1;
+        keep(b);
+        free(b);
+        for (int k = 0; k < 2000; k++) {
+            close(0);
+            int fd = open("/dev/null", O_RDONLY);
+            opens++;
+            if (fd != 0) { wrong++; if (fd > 0) close(fd); }
+            dup2(saved, 0);
+        }
+    }
+    static char now[65536];
+    int uffd = 0;
+    scan(now, NULL, &uffd);
+    printf("wrong descriptor %ld of %ld opens\n", wrong, opens);
+    fprintf(stderr, "uffd_fds=%d\n", uffd);
+    return 0;
+}
+
+static int closeall(void) {
+    write_blocks(2);
+    if (syscall(SYS_close_range, 3, ~0u, 0)) { perror("close_range"); return 1; }
+    long bad = 0;
+    for (int round = 0; round < 40; round++) {
+        unsigned char *p = malloc(64 * MB);
+        if (!p) { perror("malloc"); return 1; }
+        for (size_t k = 0; k < 64 * MB; k += 4096) bad += p[k] != 0 && round == 0, p[k] = (unsigned char)(round + 1);
+        for (size_t k = 0; k < 64 * MB; k += 4096) bad += p[k] != (unsigned char)(round + 1);
+        unsigned char *a = (unsigned char *)(((uintptr_t)p + 4095) & ~(uintptr_t)4095);
+        if (madvise(a, 32 * MB, MADV_DONTNEED)) { perror("madvise"); return 1; }
+        for (size_t k = 0; k < 32 * MB; k += 4096) bad += a[k] != 0;
+        keep(p);
+        free(p);
+    }
+    printf("after closing: bad %ld\n", bad);
+    usleep(300000);
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "Threads:", 8)) fprintf(stderr, "threads=%d\n", atoi(line + 8));
+    if (f) fclose(f);
     return 0;
 }
 
@@ -154,10 +220,13 @@ int main(int argc, char **argv) {
     void *first = malloc(16);
     keep(first);
     free(first);
-    if (argc == 3 && !strcmp(argv[1], "nofile")) return nofile(atoi(argv[2]));
+    if (argc == 3 && !strcmp(argv[1], "nofile")) return nofile(atoi(argv[2]), 0);
+    if (argc == 3 && !strcmp(argv[1], "nofile-late")) return nofile(atoi(argv[2]), 1);
     if (argc == 2 && !strcmp(argv[1], "list")) return list();
+    if (argc == 3 && !strcmp(argv[1], "lowfd")) return lowfd(atoi(argv[2]));
+    if (argc == 2 && !strcmp(argv[1], "closeall")) return closeall();
     if (argc == 3 && !strcmp(argv[1], "chroot")) return lose_proc("chroot", argv[2]);
     if (argc == 2 && !strcmp(argv[1], "umount")) return lose_proc("umount", NULL);
-    fprintf(stderr, "usage: fds nofile N | list | maps | chroot DIR | umount\n");
+    fprintf(stderr, "usage: fds nofile N | nofile-late N | list | lowfd SECS | closeall | maps | chroot DIR | umount\n");
     return 2;
 }

@@ -209,7 +209,14 @@ impl Engine {
     pub fn resume(&self) {
         let mut t = self.threads.lock().unwrap_or_else(|e| e.into_inner());
         t.holders = t.holders.saturating_sub(1);
-        if t.holders > 0 || self.shared.failed.load(Acquire) {
+        if t.holders > 0 {
+            return;
+        }
+        if self.shared.failed.load(Acquire) {
+            // Failed before or during the pause: a handler reading what was queued left at the
+            // pause; the program's copy goes now (every range is unregistered already).
+            drop(t);
+            self.shared.close_uffd();
             return;
         }
         self.shared.stopping.store(false, Release);
@@ -245,6 +252,15 @@ impl Engine {
         sys::sched::cpus_moved();
     }
 
+    /// A program thread's way into the engine: once a failed handler took the descriptor,
+    /// the program's copy is closed here (see `Shared::tidy`). One atomic load otherwise.
+    ///
+    /// # Context
+    /// A program thread, inside a hook; never waits.
+    pub fn tidy(&self) {
+        self.shared.tidy();
+    }
+
     /// Hands every fault to the kernel for the rest of the process's life, the threads stopped:
     /// before a call whose consequences the engine cannot follow (a seccomp filter, which may
     /// refuse the calls an engine thread makes).
@@ -278,7 +294,8 @@ impl Engine {
         // A process sharing the memory (clone(CLONE_VM) without CLONE_THREAD) may outlive
         // this one, holding a copy of the descriptor: the ranges are handed back now, so that
         // its faults never wait for handlers that die with this process.
-        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.shared.uffd_here();
+        let uffd = held.as_deref().and_then(Option::as_ref);
         if let Some(u) = uffd.as_ref() {
             self.shared.unregister_all(u);
         }
@@ -299,19 +316,19 @@ impl Drop for Engine {
         self.shared.stopping.store(true, Release);
         self.shared.kick_scrubs();
         let t = self.threads.get_mut().unwrap_or_else(|e| e.into_inner());
+        // The scrubs first, as in a pause: a MADV_DONTNEED of theirs on a pool ring (registered,
+        // see pool/mod.rs) waits for its REMOVE event to be read, which the handlers still do.
+        for s in t.scrubbers.drain(..) {
+            s.join();
+        }
         let handlers = std::mem::take(&mut t.handlers);
         ring_doorbells(&self.shared, handlers.len());
         for h in handlers {
             h.join();
         }
-        // Closing the descriptor hands every registered range back to the kernel. Before the
-        // scrub is joined: a MADV_DONTNEED of its on a pool ring (registered, see pool.rs)
-        // waits for its REMOVE event to be read, which the handler no longer does; the close
-        // releases it.
+        // Every range unregistered, and the program's copy closed: the engine threads' copies
+        // went with them.
         self.shared.close_uffd();
-        for s in t.scrubbers.drain(..) {
-            s.join();
-        }
         // Regions may outlive the engine and keep `Shared` alive: free the pools' pages now.
         for p in &self.shared.pools {
             p.release_all();

@@ -231,7 +231,8 @@ impl Engine {
         let _reg = self.shared.registration_lock();
         let seq = self.shared.ranges.seq();
         self.shared.ranges.unmap(addr, addr + len, seq);
-        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.shared.uffd_here();
+        let uffd = held.as_deref().and_then(Option::as_ref);
         if let Some(u) = uffd.as_ref() {
             let _ = u.unregister(addr, len);
         }
@@ -319,7 +320,8 @@ impl Engine {
         if addr % PAGE_SIZE != 0 || end <= addr {
             return None;
         }
-        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.shared.uffd_here();
+        let uffd = held.as_deref().and_then(Option::as_ref);
         let u = uffd.as_ref()?;
         let mut runs = Vec::new();
         r.map.claim(r.page_of(addr), pages(end - addr), &mut runs);
@@ -466,7 +468,8 @@ impl Engine {
     /// A program thread, inside a hook, signals blocked; takes the descriptor's read lock; the
     /// moves may sleep on the mmap lock.
     pub unsafe fn move_pages(&self, dst: usize, src: usize, len: usize) -> usize {
-        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.shared.uffd_here();
+        let uffd = held.as_deref().and_then(Option::as_ref);
         let Some(u) = uffd.as_ref() else { return 0 };
         let mut done = 0;
         while done < len {

@@ -258,9 +258,10 @@ impl Engine {
         threads: &mut Threads,
         after_first: &dyn Fn(),
     ) -> Result<(), StartError> {
+        let table = sys::thread::Table::for_engine(shared.uffd_identity.map(|id| id.parts().0));
         for i in 0..shared.handlers() {
             let s = shared.clone();
-            let t = sys::thread::spawn("zerofault-fault", Box::new(move || fault::run(s, i)));
+            let t = sys::thread::spawn("zerofault-fault", table, Box::new(move || fault::run(s, i)));
             threads.handlers.push(t.map_err(StartError::Thread)?);
             if i == 0 {
                 after_first();
@@ -273,9 +274,23 @@ impl Engine {
     /// A program thread, in the start or a resume, holding the threads' lock; maps each thread's
     /// stack and TLS and clones it.
     pub(super) fn spawn_scrubbers(shared: &Arc<Shared>, threads: &mut Threads) -> Result<(), StartError> {
+        let table = sys::thread::Table::for_engine(shared.uffd_identity.map(|id| id.parts().0));
         for i in 0..shared.pools.len() {
             let s = shared.clone();
-            let t = sys::thread::spawn("zerofault-scrub", Box::new(move || scrub::run(s, i)));
+            // Counted before the thread exists: a failed handler reading what is queued waits
+            // for every scrub to leave (`Shared::drain_then_close`).
+            shared.live_scrubs.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            let t = sys::thread::spawn(
+                "zerofault-scrub",
+                table,
+                Box::new(move || {
+                    let _alive = Alive(&s.live_scrubs);
+                    scrub::run(s.clone(), i)
+                }),
+            );
+            if t.is_err() {
+                shared.live_scrubs.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+            }
             threads.scrubbers.push(t.map_err(StartError::Thread)?);
         }
         Ok(())
@@ -301,5 +316,14 @@ fn machine_state(opts: &Options) -> (crate::pool::machine::Machine, Option<Strin
     match Machine::open(dir.as_deref(), cpus) {
         Ok(m) => (m, None),
         Err(why) => (Machine::alone(), Some(why.to_string())),
+    }
+}
+
+/// Counts a scrub thread out when its body returns or unwinds.
+struct Alive<'a>(&'a std::sync::atomic::AtomicUsize);
+
+impl Drop for Alive<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     }
 }

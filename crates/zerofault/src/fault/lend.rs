@@ -453,7 +453,8 @@ impl Shared {
         }
         let _reg = self.registration_lock();
         let mut loans = self.lending.loans();
-        let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.uffd_here();
+        let uffd = held.as_deref().and_then(Option::as_ref);
         let mut i = 0;
         while i < loans.len() {
             if loans[i].start >= end || loans[i].start + loans[i].len <= addr {
@@ -461,7 +462,7 @@ impl Shared {
                 continue;
             }
             let l = loans.swap_remove(i);
-            let back = uffd.as_ref().is_some_and(|u| take_back(self, u, &l).unwrap_or(false));
+            let back = uffd.is_some_and(|u| take_back(self, u, &l).unwrap_or(false));
             Stats::add(
                 if back {
                     &self.stats.retakes

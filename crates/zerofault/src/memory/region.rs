@@ -332,7 +332,8 @@ impl Drop for Region {
                 self.shared.ranges.take_left(self.id),
             )
         };
-        let uffd = self.shared.uffd.read().unwrap_or_else(|e| e.into_inner());
+        let held = self.shared.uffd_here();
+        let uffd = held.as_deref().and_then(Option::as_ref);
         if self.owned {
             // Unregister first: after it, munmap raises no UNMAP event for our handler to wait
             // on. Pieces the program unmapped itself are no longer in the table, and what it

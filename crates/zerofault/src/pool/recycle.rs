@@ -76,7 +76,8 @@ impl Shared {
             && self.pool_held() < self.budget.pages();
         if recycles {
             self.end_loans(addr, end);
-            let uffd = self.uffd.read().unwrap_or_else(|e| e.into_inner());
+            let held = self.uffd_here();
+            let uffd = held.as_deref().and_then(Option::as_ref);
             if let Some(u) = uffd.as_ref() {
                 for r in self.ranges.overlapping(addr, end) {
                     let (a, b) = (addr.max(r.start), end.min(r.end()));

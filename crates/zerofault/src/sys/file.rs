@@ -124,8 +124,34 @@ pub(crate) fn read_small_or_errno(path: &[u8], buf: &mut [u8]) -> Result<usize, 
     f.read(buf).map_err(|e| Errno(e.raw_os_error().unwrap_or(libc::EIO)))
 }
 
+/// Gives the calling thread a descriptor table of its own holding only `keep` (the
+/// userfaultfd), every other inherited copy closed: its later opens then never take a number
+/// the program's table has free (`close(0); open()` gets 0 as natively), and no file the
+/// program closes stays open through it. POSIX record locks and dnotify marks belong to the
+/// table that took them, so the closes here drop none of the program's. False if the kernel
+/// refused (the thread then shares the program's table, as before).
+///
+/// # Context
+/// An engine thread, first thing in its life; no lock, no allocation.
+pub(crate) fn own_descriptor_table(keep: Option<RawFd>) -> bool {
+    const CLOSE_RANGE_UNSHARE: usize = 1 << 1;
+    let close_range = |first: usize, last: usize, flags: usize| {
+        // SAFETY: close_range closes descriptors of this thread's table only (after the
+        // unshare, a private copy); nothing of ours is in use in the range.
+        unsafe { raw::call(libc::SYS_close_range, [first, last, flags, 0, 0, 0]) }.is_ok()
+    };
+    match keep.and_then(|k| usize::try_from(k).ok()) {
+        None => close_range(0, u32::MAX as usize, CLOSE_RANGE_UNSHARE),
+        Some(0) => close_range(1, u32::MAX as usize, CLOSE_RANGE_UNSHARE),
+        Some(k) => {
+            close_range(0, k - 1, CLOSE_RANGE_UNSHARE)
+                && (k == u32::MAX as usize || close_range(k + 1, u32::MAX as usize, 0))
+        }
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     #[test]
@@ -147,5 +173,30 @@ mod tests {
         assert_eq!(missing.raw_os_error(), Some(libc::ENOENT));
         assert_eq!(read_to_string("a\0b").unwrap_err().kind(), io::ErrorKind::InvalidInput);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_thread_with_its_own_table_keeps_one_descriptor_and_leaves_the_numbers_free() {
+        let kept = open("/dev/null", libc::O_RDONLY).unwrap();
+        let other = open("/dev/null", libc::O_RDONLY).unwrap();
+        let (k, o) = (kept.as_raw_fd(), other.as_raw_fd());
+        let seen = std::thread::spawn(move || {
+            assert!(own_descriptor_table(Some(k)));
+            // Its own opens start from 0: the program's 0-2 are not in this table.
+            let mine = open("/dev/null", libc::O_RDONLY).unwrap();
+            (alive(k), alive(o), mine.as_raw_fd())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(seen, (true, false, 0), "kept, another closed, the lowest number free");
+        // The process's table is as it was.
+        assert!(alive(o));
+        drop((kept, other));
+    }
+
+    /// Whether `fd` is open in the calling thread's table.
+    pub(crate) fn alive(fd: RawFd) -> bool {
+        // SAFETY: F_GETFD only reads the descriptor's flags.
+        unsafe { libc::fcntl(fd, libc::F_GETFD) >= 0 }
     }
 }

@@ -15,6 +15,7 @@ pub use super::tls::prepare;
 use super::tls::set_up_tls;
 use super::tls::{read_layout, DTV_SLOTS, LAYOUT};
 use std::io;
+use std::os::fd::RawFd;
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering::*};
 use std::time::Duration;
 
@@ -231,6 +232,7 @@ unsafe impl Sync for EngineThread {}
 
 struct Start {
     name: [u8; 16],
+    table: Table,
     body: Box<dyn FnOnce() + Send>,
 }
 
@@ -246,19 +248,71 @@ extern "C" fn entry(arg: *mut libc::c_void) -> libc::c_int {
     };
     let body = start.body;
     let _me = Registered::new();
+    own_table(start.table);
     // A panic must not unwind out of this C entry point; the body reports its own.
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body));
     0
 }
 
 /// Starts an engine thread named `name` (at most 15 bytes shown) running `body`, with every
-/// signal blocked. Allocates nothing through the program's allocator.
-pub(crate) fn spawn(name: &str, body: Box<dyn FnOnce() + Send>) -> io::Result<EngineThread> {
+/// signal blocked and a descriptor table of its own that holds only `keep`. Allocates nothing
+/// through the program's allocator.
+pub(crate) fn spawn(name: &str, table: Table, body: Box<dyn FnOnce() + Send>) -> io::Result<EngineThread> {
     let mut n = [0u8; 16];
     for (d, s) in n.iter_mut().zip(name.bytes().take(15)) {
         *d = s;
     }
-    spawn_impl(Start { name: n, body })
+    spawn_impl(Start { name: n, table, body })
+}
+
+/// The descriptor table an engine thread runs with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Table {
+    /// The program's, shared (as a thread's).
+    Program,
+    /// One of its own, holding only the given descriptor (see `own_table`).
+    Own(Option<RawFd>),
+}
+
+impl Table {
+    /// [`Table::Own`] keeping `keep` where the embedder asked for it ([`own_tables`]), else
+    /// [`Table::Program`].
+    pub(crate) fn for_engine(keep: Option<RawFd>) -> Table {
+        if tables_own() {
+            Table::Own(keep)
+        } else {
+            Table::Program
+        }
+    }
+}
+
+/// Set by an embedder that calls into the engine on every memory call of the program's (the
+/// LD_PRELOAD shim), where a failed engine's last descriptor copy in the program's table is
+/// closed by the program's next call ([`crate::Engine::tidy`]).
+static OWN_TABLES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Engine threads started from now on leave the program's descriptor table (see
+/// `own_table`). For an embedder that calls [`crate::Engine::tidy`] on each of the program's
+/// memory calls: a failed engine whose ioctls are refused (a seccomp filter it did not see)
+/// cannot unregister its ranges, and only the close of the program's copy, there, releases
+/// them. Without it the engine's threads share the program's table, and a failed handler's
+/// close is the last.
+pub fn own_tables() {
+    OWN_TABLES.store(true, Relaxed);
+}
+
+/// Whether engine threads have descriptor tables of their own ([`own_tables`]).
+pub(crate) fn tables_own() -> bool {
+    OWN_TABLES.load(Relaxed)
+}
+
+/// The calling engine thread leaves the program's descriptor table for `Table::Own`
+/// (`own_descriptor_table`; Linux 5.9 and later): its opens then never take a number the
+/// program's table has free, so `close(0); open()` there gets 0 as natively.
+fn own_table(table: Table) {
+    if let Table::Own(keep) = table {
+        let _ = super::file::own_descriptor_table(keep);
+    }
 }
 
 /// Every signal blocked on the calling thread until dropped (then the old mask is back). All 64
@@ -366,6 +420,7 @@ fn spawn_impl(start: Start) -> io::Result<EngineThread> {
         .name(String::from_utf8_lossy(&start.name).trim_end_matches('\0').to_string())
         .spawn(move || {
             let _me = Registered::new();
+            own_table(start.table);
             (start.body)()
         })?;
     Ok(EngineThread {
@@ -525,10 +580,33 @@ mod tests {
     }
 
     fn run(name: &str, body: impl FnOnce() + Send + 'static) -> u32 {
-        let t = spawn(name, Box::new(body)).unwrap();
+        let t = spawn(name, Table::Program, Box::new(body)).unwrap();
         let tid = t.tid();
         t.join();
         tid
+    }
+
+    #[test]
+    fn engine_threads_keep_one_descriptor_in_a_table_of_their_own() {
+        use crate::sys::file::{open, tests::alive};
+        use std::os::fd::AsRawFd;
+        let (kept, other) = (
+            open("/dev/null", libc::O_RDONLY).unwrap(),
+            open("/dev/null", libc::O_RDONLY).unwrap(),
+        );
+        let (k, o) = (kept.as_raw_fd(), other.as_raw_fd());
+        let seen = Arc::new(AtomicU64::new(u64::MAX));
+        let s = seen.clone();
+        let t = spawn(
+            "zf-test-fds",
+            Table::Own(Some(k)),
+            Box::new(move || s.store(u64::from(alive(k)) | u64::from(alive(o)) << 1, Relaxed)),
+        )
+        .unwrap();
+        t.join();
+        assert_eq!(seen.load(Relaxed), 1, "the kept descriptor only");
+        // The process's table is untouched.
+        assert!(alive(o) && alive(k));
     }
 
     #[test]

@@ -181,6 +181,11 @@ impl FdIdentity {
         (self.fd, self.id)
     }
 
+    /// Whether the number still names this file (in the calling thread's table).
+    pub(crate) fn present(&self) -> bool {
+        file_id(self.fd) == Ok(self.id)
+    }
+
     /// Closes the descriptor if its number still names the same file. Async-signal-safe
     /// (fstat and close).
     ///
