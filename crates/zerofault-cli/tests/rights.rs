@@ -238,8 +238,8 @@ fn futex_operations_on_words_never_touched() {
     );
 }
 
-/// `MADV_NOHUGEPAGE` on a mapping, or `prctl(PR_SET_THP_DISABLE)` before a malloc block: the
-/// engine moves no huge page there, as the kernel makes none, and its pool holds none either
+/// `MADV_NOHUGEPAGE` on a mapping, `prctl(PR_SET_THP_DISABLE)` before a malloc block, or no
+/// advice under THP `madvise`: the engine moves no huge page there, as the kernel makes none, and its pool holds none either
 /// (the process's AnonHugePages: 18 MiB of the pool's before `Shared::huge_wanted`).
 fn no_huge(mode: &str) {
     let shim = same(mode, "advice 0; huge pages 0 kB\nin the process 0 kB\n");
@@ -262,6 +262,21 @@ fn madv_nohugepage_gets_no_huge_page_of_the_engines() {
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn pr_set_thp_disable_gets_no_huge_page_of_the_engines() {
     no_huge("thp-disable");
+}
+
+/// Catches huge pages of the engine's in a mapping the program gave no advice, under THP
+/// `madvise` (the kernel makes none there: round 2's `t_thp plain` got 40-192 MiB of them).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn no_advice_under_thp_madvise_gets_no_huge_page_of_the_engines() {
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    assert!(
+        thp.contains("[madvise]"),
+        "this test checks THP's madvise mode, not {:?}: set /sys/kernel/mm/transparent_hugepage/enabled \
+         to madvise",
+        thp.trim()
+    );
+    no_huge("no-advice");
 }
 
 /// Advice set on a block, the block freed and handed out again at the same address (the shim's

@@ -42,6 +42,9 @@ pub(crate) struct Shared {
     pub(crate) pool_may_fill: AtomicBool,
     /// `prctl(PR_SET_THP_DISABLE)`: no huge page goes into the program's memory.
     pub(crate) thp_disabled: AtomicBool,
+    /// The system's THP mode was `always` at the start: a PMD of the program's with no advice
+    /// may take huge pages (see `Range::may_take_huge`).
+    pub(crate) thp_always: bool,
     /// Set once a write window took a huge page (or made one): from then on the scrub fills
     /// the huge ring too. Until then the small ring only, so that a program whose memory takes
     /// no huge page (`MADV_NOHUGEPAGE`, the THP prctl, windows that never cover a whole PMD)
@@ -166,6 +169,7 @@ impl Shared {
             machine: p.machine,
             machine_refused: p.machine_refused,
             thp_disabled: AtomicBool::new(p.thp_disabled),
+            thp_always: mman::thp_always(),
             huge_wanted: AtomicBool::new(false),
             sparse_run: AtomicU32::new(0),
             left_alone: AtomicU32::new(0),
@@ -554,5 +558,13 @@ impl Shared {
             numa: None,
             opts,
         })
+        .thp_mode_always()
+    }
+
+    /// A detached state models a machine whose THP mode is `always`: a test's range takes huge
+    /// pages without advice (`Range::may_take_huge`; its own test sets `thp_always` back).
+    fn thp_mode_always(mut self) -> Shared {
+        self.thp_always = true;
+        self
     }
 }

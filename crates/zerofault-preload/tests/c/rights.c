@@ -341,15 +341,18 @@ static void crash_with_a_freed_secret(void) {
 /* ---- huge pages the program said no to */
 
 
-/* 256 MiB written whole after MADV_NOHUGEPAGE on the mapping, or after
- * prctl(PR_SET_THP_DISABLE) on a malloc block: natively no huge page at all. */
-static void no_huge_pages(int by_prctl) {
+/* 256 MiB written whole after MADV_NOHUGEPAGE on the mapping (how 0), after
+ * prctl(PR_SET_THP_DISABLE) on a malloc block (how 1), or with no advice at all (how 2: under
+ * THP "madvise" natively no huge page either). */
+static void no_huge_pages(int how) {
     size_t n = 4 * BIG;
     unsigned char *p;
-    int r;
-    if (by_prctl) {
+    int r = 0;
+    if (how == 1) {
         r = prctl(PR_SET_THP_DISABLE, 1, 0, 0, 0);
         p = malloc(n);
+    } else if (how == 2) {
+        p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     } else {
         p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
         r = madvise(p, n, MADV_NOHUGEPAGE);
@@ -463,13 +466,15 @@ int main(int argc, char **argv) {
         no_huge_pages(0);
     } else if (!strcmp(m, "thp-disable")) {
         no_huge_pages(1);
+    } else if (!strcmp(m, "no-advice")) {
+        no_huge_pages(2);
     } else if (!strcmp(m, "dontfork")) {
         advice_reused(MADV_DONTFORK);
     } else if (!strcmp(m, "wipeonfork")) {
         advice_reused(MADV_WIPEONFORK);
     } else {
         fprintf(stderr, "usage: rights setuid|setuid-thread|setuid-busy|switcher|raw-setuid|nnp|userns|setns|seccomp|seccomp-syscall|sandbox|"
-                        "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|nohugepage|thp-disable|dontfork|wipeonfork\n");
+                        "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|nohugepage|thp-disable|no-advice|dontfork|wipeonfork\n");
         return 64;
     }
     return 0;

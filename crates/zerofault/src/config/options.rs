@@ -189,8 +189,9 @@ options! {
     pool_max: Size = "2G",
     /// Serve the whole 2 MiB-aligned parts of write windows with transparent huge pages: the
     /// scrub prepares most of the pool as 2 MiB huge pages and the handler moves each with one
-    /// PMD move (or prepares one itself when none is ready). Off: 4 KiB pages only. Has no
-    /// effect where the system's THP setting is `never`.
+    /// PMD move (or prepares one itself when none is ready), where the kernel would make one
+    /// (memory advised `MADV_HUGEPAGE`, any memory under THP `always`, an `Engine::map`
+    /// region). Off: 4 KiB pages only. Has no effect where the system's THP setting is `never`.
     pool_thp: Bool = "on",
     /// The scrub thread starts refilling when the pool holds less than this (per node, see
     /// pool_max).

@@ -58,7 +58,7 @@ impl<K: Kernel> Handler<'_, K> {
             if addr + bytes(n) > mapping_end
                 || (write
                     && (range.pmds.has_table(addr)
-                        || range.pmds.no_huge(addr)
+                        || !range.may_take_huge(addr, self.shared.thp_always)
                         || self.shared.thp_disabled.load(Relaxed)
                         || !self.huge_ready()))
                 || self.fault_waiting()

@@ -279,7 +279,7 @@ impl<K: Kernel> Handler<'_, K> {
             let rest = len - off;
             let huge_ok = self.stage.is_some() && !self.shared.thp_disabled.load(Relaxed);
             let (n, huge) = match range.filter(|_| huge_ok) {
-                Some(r) => match r.pmds.clear_run(at, rest) {
+                Some(r) => match r.pmds.clear_run(at, rest, r.huge_by_default(self.shared.thp_always)) {
                     // 4 KiB pages up to the next PMD boundary, where huge pages may start.
                     0 => (((at / PMD_SIZE + 1) * PMD_SIZE - at).min(rest), false),
                     k => (k * PMD_SIZE, true),

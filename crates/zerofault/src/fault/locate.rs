@@ -285,7 +285,7 @@ impl<K: Kernel> Handler<'_, K> {
         // A writer's windows ahead are whole PMDs, huge pages where the program lets them
         // be: the huge ring is worth filling.
         let next_pmd = pmd_start(page_addr) + PMD_SIZE;
-        let huge_ahead = next_pmd < range.end() && !range.pmds.no_huge(next_pmd);
+        let huge_ahead = next_pmd < range.end() && range.may_take_huge(next_pmd, self.shared.thp_always);
         if write && huge_ahead && !self.shared.thp_disabled.load(Relaxed) {
             self.want_huge();
         }

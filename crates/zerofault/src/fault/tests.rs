@@ -590,6 +590,32 @@ fn huge_pages_go_into_whole_clear_pmds_last_piece_first() {
     assert!(r.pmds.has_table(dst) && !r.pmds.has_table(BASE + PMD_SIZE));
 }
 
+/// Under THP `madvise` (not `always`) a PMD of the program's takes a huge page only where it
+/// was advised `MADV_HUGEPAGE`, as the kernel's own fault would; a region of the engine's
+/// (`Engine::map`: an owner) takes them without advice.
+#[test]
+fn under_thp_madvise_only_advised_pmds_of_the_programs_memory_take_huge_pages() {
+    let mut s = state(true, 4096, 1024, 2);
+    s.thp_always = false;
+    let k = Fake::new();
+    let mut h = Handler::new(&s, &k);
+    let r = s.ranges.find(BASE).unwrap();
+    h.install_write(BASE, PMD_SIZE, Some(&r)).unwrap();
+    assert_eq!(s.stats.snapshot().huge_moves, 0, "no advice: 4 KiB pages");
+    assert!(r.pmds.has_table(BASE));
+    s.ranges.set_huge(BASE + PMD_SIZE, BASE + 2 * PMD_SIZE, true);
+    h.install_write(BASE + PMD_SIZE, PMD_SIZE, Some(&r)).unwrap();
+    assert_eq!(s.stats.snapshot().huge_moves, 1, "advised: a huge page");
+    assert!(!r.huge_by_default(false) && r.huge_by_default(true));
+    drop(r);
+    s.ranges.insert(BASE + (1 << 30), 1024, Some(7));
+    let owned = s.ranges.find(BASE + (1 << 30)).unwrap();
+    assert!(
+        owned.may_take_huge(BASE + (1 << 30), false),
+        "an engine region's memory"
+    );
+}
+
 #[test]
 fn an_empty_huge_ring_makes_the_huge_page_in_the_staging_area() {
     // A huge ring that is empty.

@@ -197,16 +197,18 @@ impl PmdMap {
     }
 
     /// Whole PMDs from `at` that may take huge pages: `at` on a PMD boundary, each PMD inside
-    /// `len` bytes, holding no table and not advised against huge pages.
+    /// `len` bytes, holding no table, not advised against huge pages, and advised for them
+    /// unless `by_default` (see `Range::may_take_huge`).
     ///
     /// # Context
     /// Any thread; atomics only, never sleeps.
-    pub(crate) fn clear_run(&self, at: usize, len: usize) -> usize {
+    pub(crate) fn clear_run(&self, at: usize, len: usize, by_default: bool) -> usize {
         if at % PMD_SIZE != 0 {
             return 0;
         }
         (0..len / PMD_SIZE)
-            .take_while(|i| !self.has_table(at + i * PMD_SIZE) && !self.no_huge(at + i * PMD_SIZE))
+            .map(|i| at + i * PMD_SIZE)
+            .take_while(|&a| !self.has_table(a) && !self.no_huge(a) && (by_default || self.wants_huge(a)))
             .count()
     }
 

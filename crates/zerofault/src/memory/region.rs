@@ -188,6 +188,30 @@ impl Range {
         }
     }
 
+    /// Whether the PMD at `addr` may take a huge page of the engine's where the kernel's own
+    /// fault would take one: not advised against (`MADV_NOHUGEPAGE`), and advised for
+    /// (`MADV_HUGEPAGE`) unless the system's THP mode is `always` (`thp_always`). Memory of
+    /// an [`crate::Engine::map`] region (an owner, or advice the engine chose) takes them
+    /// wherever THP is not `never`: the caller asked the engine for it, not the kernel. Under
+    /// THP `madvise` a program's plain mapping gets none, as natively (a fork's copy-on-write
+    /// of a huge page copies 2 MiB: services that keep THP to `madvise` for that reason keep
+    /// their 4 KiB pages).
+    ///
+    /// # Context
+    /// A handler; atomics only.
+    pub(crate) fn may_take_huge(&self, addr: usize, thp_always: bool) -> bool {
+        !self.pmds.no_huge(addr) && (self.huge_by_default(thp_always) || self.pmds.wants_huge(addr))
+    }
+
+    /// Whether a PMD of this range with no advice of the program's may take huge pages (see
+    /// [`Range::may_take_huge`]).
+    ///
+    /// # Context
+    /// A handler; atomics only.
+    pub(crate) fn huge_by_default(&self, thp_always: bool) -> bool {
+        thp_always || self.owner.is_some() || self.own_advice.load(Relaxed)
+    }
+
     /// Whether the fault at `addr` came with its PMD empty and may take a huge page: the PMD
     /// wants huge pages and lies wholly inside the range.
     ///
