@@ -259,7 +259,7 @@ impl Shared {
     /// `MADV_DONTNEED` or `munmap` that raised an event just before the unregister waits until
     /// the event is read or the descriptor released; engine threads' copies live in tables of
     /// their own, so this thread's close alone would release nothing. A stop (`stopping`) ends
-    /// the reading too: its caller closes the program's copy right after.
+    /// the reading once no scrub is left: its caller closes the program's copy right after.
     ///
     /// # Context
     /// The last handler thread, on its way out; takes the descriptor's write lock (as
@@ -274,18 +274,23 @@ impl Shared {
         };
         let Some(u) = taken else { return };
         let mut raw = [crate::sys::uffd::RawMsg::default(); 16];
-        while !self.stopping.load(Acquire) && (self.program_copy.load(Acquire) || self.live_scrubs.load(Acquire) > 0) {
+        // A scrub's discard waits for its event to be read whatever a stop says: the stop
+        // itself waits for the scrub.
+        while self.live_scrubs.load(Acquire) > 0 || (!self.stopping.load(Acquire) && self.program_copy.load(Acquire)) {
             let Ok(n) = u
                 .wait(Some(std::time::Duration::from_millis(100)))
                 .and_then(|()| u.read(&mut raw))
             else {
                 break;
             };
-            // Nothing is registered any more: a fault read here (raised before the unregister)
-            // is woken, for the kernel to serve.
+            // A fault read here was raised before the unregister, or in memory registered that
+            // the table did not know: its page is unregistered (else it would fault again at
+            // once), and the thread woken, for the kernel to serve.
             for m in &raw[..n] {
                 if let crate::sys::uffd::Msg::PageFault { addr, .. } = m.decode() {
-                    let _ = u.wake(addr & !(PAGE_SIZE - 1), PAGE_SIZE);
+                    let page = addr & !(PAGE_SIZE - 1);
+                    let _ = u.unregister(page, PAGE_SIZE);
+                    let _ = u.wake(page, PAGE_SIZE);
                 }
             }
         }

@@ -219,6 +219,14 @@ impl Engine {
             self.shared.close_uffd();
             return;
         }
+        // The program closed the engine's descriptor meanwhile: a thread started now would take
+        // whatever file has the number in the program's table. The kernel serves from here (the
+        // last copies went with the stopped threads).
+        if self.shared.uffd_identity.is_some_and(|id| !id.present()) {
+            drop(t);
+            self.fail_open_paused();
+            return;
+        }
         self.shared.stopping.store(false, Release);
         // The doorbells the pause rang hold zero pages: missing again for the next stop (a
         // registered range: the handler just started reads the REMOVE event).
