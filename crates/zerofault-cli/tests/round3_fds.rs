@@ -201,12 +201,16 @@ impl Drop for MapCount {
     }
 }
 
-/// Mappings the shim's own libraries and the engine's fixed mappings (pool rings, staging,
-/// doorbells, thread stacks and guards, the allocator's reservation) take: the program may
-/// make this many fewer before the limit, no more.
-const ENGINE_MAPS: i64 = 64;
+/// Mappings that stay the shim's at the limit, once the engine gave back its own (pool rings,
+/// doorbells, thread stacks: `Engine::give_back`): the shim's two libraries (6), the front's
+/// private heap (2), the engine allocator's reservation (2), the arena holding the program's
+/// 64 MiB block (2), a few pages of metadata, and the page-state maps of the served memory.
+/// The program may make this many fewer before the limit, no more: 19-20 here, 28 when the
+/// engine kept its mappings.
+const ENGINE_MAPS: i64 = 24;
 
-/// Catches the engine's metadata taking a mapping per allocator chunk (hundreds at tens of
+/// Catches an engine that keeps its own mappings when the program's call is refused at the
+/// limit, the engine's metadata taking a mapping per allocator chunk (hundreds at tens of
 /// thousands of regions, so that the program made that many fewer) and its allocator failing
 /// at the limit, which with `--stats` aborted the process ("memory allocation of 416 bytes
 /// failed"), and the C library's heap, first made at the limit under the shim (its first

@@ -310,11 +310,11 @@ enum {
     S_MEMALIGN, S_VALLOC, S_PVALLOC, S_USABLE, S_MMAP, S_MMAP64, S_MREMAP, S_MADVISE,
     S_MLOCKALL, S_MUNLOCKALL, S_MAP, S_UNMAP, S_ACTIVE, S_STATS, S_RECYCLE, S_MUNMAP,
     S_HOLD, S_RELEASE, S_RESTART, S_FOREIGN, S_PREFAULT, S_THP_DISABLED, S_CPUS, S_CLONE_PREPARE,
-    S_SHIM_COUNT,
+    S_GIVE_BACK, S_SHIM_COUNT,
     S_SETUID = S_SHIM_COUNT, S_SETGID, S_SETEUID, S_SETEGID, S_SETREUID, S_SETREGID, S_SETRESUID,
     S_SETRESGID, S_SETGROUPS, S_CAPSET, S_PRCTL, S_UNSHARE, S_SETNS, S_SYSCALL, S_IOCTL,
     S_SCHED_SETAFFINITY, S_PTHREAD_SETAFFINITY, S_SCHED_SETSCHEDULER, S_PTHREAD_SETSCHEDPARAM,
-    S_PTHREAD_SETSCHEDPRIO, S_PTHREAD_CREATE, S_CLONE, S_COUNT
+    S_PTHREAD_SETSCHEDPRIO, S_PTHREAD_CREATE, S_CLONE, S_MPROTECT, S_COUNT
 };
 static const char *const names[S_COUNT] = {
     "malloc", "calloc", "realloc", "reallocarray", "free", "posix_memalign", "aligned_alloc",
@@ -324,10 +324,11 @@ static const char *const names[S_COUNT] = {
     "zerofault_hold_threads", "zerofault_release_threads", "zerofault_restart_threads",
     "zerofault_foreign_register",
     "zerofault_prefault", "zerofault_thp_disabled", "zerofault_cpus_changed", "zerofault_clone_prepare",
+    "zerofault_give_back",
     "setuid", "setgid", "seteuid", "setegid", "setreuid", "setregid", "setresuid", "setresgid",
     "setgroups", "capset", "prctl", "unshare", "setns", "syscall", "ioctl",
     "sched_setaffinity", "pthread_setaffinity_np", "sched_setscheduler", "pthread_setschedparam",
-    "pthread_setschedprio", "pthread_create", "clone",
+    "pthread_setschedprio", "pthread_create", "clone", "mprotect",
 };
 static void *nexts[S_COUNT]; /* atomic */
 static void *shim[S_SHIM_COUNT]; /* the shim's definitions, set before state is READY */
@@ -675,12 +676,30 @@ __attribute__((constructor)) static void front_init(void) {
 EXPORT void *malloc(size_t n) __attribute__((alias("front_malloc")));
 EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off) __attribute__((alias("front_mmap")));
 
+/* The kernel refused memory (errno ENOMEM): where the process is at vm.max_map_count, the
+ * loaded shim gives the engine's own mappings back, once, and says the call is worth
+ * repeating. The C library's heap and thread stacks are mapped by calls no hook sees, so the
+ * refusal is seen here, in what the program called. */
+static int gave_back(int refused) {
+    return refused && errno == ENOMEM && !tls.in_hook && load_state() == READY &&
+           ((int (*)(void))shim[S_GIVE_BACK])();
+}
+
+/* `call` (a pointer-returning allocation), repeated once where gave_back says so. */
+#define AGAIN_IF_REFUSED(call)                                                                     \
+    do {                                                                                           \
+        void *got_ = (call);                                                                       \
+        if (gave_back(!got_))                                                                      \
+            got_ = (call);                                                                         \
+        return got_;                                                                               \
+    } while (0)
+
 void *front_malloc(size_t n) {
     if (tls.in_hook)
         return priv_alloc(n, 16, 0);
     if (shim_for(n))
-        return SHIM(MALLOC, malloc_fn)(n);
-    return NEXT(MALLOC, malloc_fn)(n);
+        AGAIN_IF_REFUSED(SHIM(MALLOC, malloc_fn)(n));
+    AGAIN_IF_REFUSED(NEXT(MALLOC, malloc_fn)(n));
 }
 
 EXPORT void *calloc(size_t n, size_t size) {
@@ -692,8 +711,8 @@ EXPORT void *calloc(size_t n, size_t size) {
     if (tls.in_hook)
         return priv_alloc(total, 16, 1);
     if (shim_for(total))
-        return SHIM(CALLOC, calloc_fn)(n, size);
-    return NEXT(CALLOC, calloc_fn)(n, size);
+        AGAIN_IF_REFUSED(SHIM(CALLOC, calloc_fn)(n, size));
+    AGAIN_IF_REFUSED(NEXT(CALLOC, calloc_fn)(n, size));
 }
 
 EXPORT void free(void *p) {
@@ -716,8 +735,8 @@ EXPORT void *realloc(void *p, size_t n) {
     if (tls.in_hook)
         return p ? NEXT(REALLOC, realloc_fn)(p, n) : priv_alloc(n, 16, 0);
     if (shim_for(n))
-        return SHIM(REALLOC, realloc_fn)(p, n);
-    return NEXT(REALLOC, realloc_fn)(p, n);
+        AGAIN_IF_REFUSED(SHIM(REALLOC, realloc_fn)(p, n));
+    AGAIN_IF_REFUSED(NEXT(REALLOC, realloc_fn)(p, n));
 }
 
 EXPORT void *reallocarray(void *p, size_t n, size_t size) {
@@ -729,8 +748,8 @@ EXPORT void *reallocarray(void *p, size_t n, size_t size) {
     if (priv_owns(p) || tls.in_hook)
         return realloc(p, total);
     if (shim_for(total))
-        return SHIM(REALLOCARRAY, reallocarray_fn)(p, n, size);
-    return NEXT(REALLOCARRAY, reallocarray_fn)(p, n, size);
+        AGAIN_IF_REFUSED(SHIM(REALLOCARRAY, reallocarray_fn)(p, n, size));
+    AGAIN_IF_REFUSED(NEXT(REALLOCARRAY, reallocarray_fn)(p, n, size));
 }
 
 EXPORT int posix_memalign(void **out, size_t align, size_t n) {
@@ -743,9 +762,16 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n) {
         *out = p;
         return 0;
     }
-    if (shim_for(n))
-        return SHIM(POSIX_MEMALIGN, posix_memalign_fn)(out, align, n);
-    return NEXT(POSIX_MEMALIGN, posix_memalign_fn)(out, align, n);
+    posix_memalign_fn f = shim_for(n) ? SHIM(POSIX_MEMALIGN, posix_memalign_fn) : NEXT(POSIX_MEMALIGN, posix_memalign_fn);
+    int r = f(out, align, n);
+    if (r == ENOMEM) {
+        int e = errno;
+        errno = ENOMEM;
+        if (gave_back(1))
+            r = f(out, align, n);
+        errno = e;
+    }
+    return r;
 }
 
 static void *aligned_call(int s, size_t align, size_t n) {
@@ -757,8 +783,8 @@ static void *aligned_call(int s, size_t align, size_t n) {
         return priv_alloc(n, align, 0);
     }
     if (shim_for(n))
-        return ((memalign_fn)shim[s])(align, n);
-    return ((memalign_fn)next_sym(s))(align, n);
+        AGAIN_IF_REFUSED(((memalign_fn)shim[s])(align, n));
+    AGAIN_IF_REFUSED(((memalign_fn)next_sym(s))(align, n));
 }
 
 EXPORT void *aligned_alloc(size_t align, size_t n) { return aligned_call(S_ALIGNED_ALLOC, align, n); }
@@ -1124,7 +1150,24 @@ EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(
     if (attr && pthread_attr_getinheritsched(attr, &inherit) == 0 && inherit == PTHREAD_EXPLICIT_SCHED &&
         pthread_attr_getschedpolicy(attr, &policy) == 0 && realtime_policy(policy))
         AROUND(FOR_GOOD_REALTIME, next(t, attr, fn, arg));
-    return next(t, attr, fn, arg);
+    int r = next(t, attr, fn, arg);
+    if (r == EAGAIN) { /* no stack to be mapped, or a thread limit: the shim tells them apart */
+        int e = errno;
+        errno = ENOMEM;
+        if (gave_back(1))
+            r = next(t, attr, fn, arg);
+        errno = e;
+    }
+    return r;
+}
+
+/* mprotect: a split refused at vm.max_map_count (ENOMEM) is repeated once the engine gave its
+ * own mappings back. */
+EXPORT int mprotect(void *addr, size_t len, int prot) {
+    int r = NEXT(MPROTECT, int (*)(void *, size_t, int))(addr, len, prot);
+    if (r != 0 && gave_back(1))
+        r = NEXT(MPROTECT, int (*)(void *, size_t, int))(addr, len, prot);
+    return r;
 }
 
 /* Whether futex operation `op` uses its fifth argument as a second word. */

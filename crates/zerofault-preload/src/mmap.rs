@@ -14,6 +14,43 @@ use crate::state::{self, arena, threshold};
 use engine::os::mman::{self, PAGE_SIZE};
 use libc::{c_int, c_void, off_t, size_t};
 
+/// The kernel refused the program's call (`refused`) with ENOMEM: where the process is at
+/// `vm.max_map_count` (or out of address space) the engine gives its own mappings back, once
+/// (`Engine::give_back`), and the caller repeats the call. Enters a hook scope of its own, so
+/// `errno` stays the refusal's.
+fn gave_back(refused: bool) -> bool {
+    if !refused || crate::hook::errno() != libc::ENOMEM {
+        return false;
+    }
+    let Some(h) = Hook::enter() else { return false };
+    h.running().is_some_and(give_back)
+}
+
+/// [`engine::Engine::give_back`], said under `--verbose`.
+fn give_back(e: &engine::Engine) -> bool {
+    let gave = e.give_back();
+    if gave && e.options().verbose {
+        state::say(&format!(
+            "zerofault: engine stopped in pid {}: the kernel refused the program a mapping (vm.max_map_count \
+             or the address space); the engine's own mappings are given back and the kernel serves its faults \
+             from now on",
+            state::getpid()
+        ));
+    }
+    gave
+}
+
+/// For the front's calls that can be refused at `vm.max_map_count` (the C library's malloc
+/// family and thread stacks, `mprotect`): with `errno` ENOMEM, see [`gave_back`]. Returns 1
+/// where the call is worth repeating.
+///
+/// # Context
+/// A program thread, from the front, right after the refused call; enters the hook scope.
+#[no_mangle]
+pub extern "C" fn zerofault_give_back() -> c_int {
+    c_int::from(gave_back(true))
+}
+
 /// Whether `flags` make anonymous private memory the engine may serve.
 fn anon_private(flags: c_int) -> bool {
     flags & libc::MAP_ANONYMOUS != 0
@@ -66,7 +103,11 @@ fn after_mmap(p: usize, len: usize, flags: c_int) {
 #[no_mangle]
 pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
     // SAFETY: the caller's arguments, passed on unchanged.
-    let r = unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) } as c_int;
+    let call = || unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) } as c_int;
+    let mut r = call();
+    if gave_back(r != 0) {
+        r = call();
+    }
     let lasting = [
         libc::MADV_DONTFORK,
         libc::MADV_WIPEONFORK,
@@ -115,7 +156,13 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
 pub unsafe extern "C" fn munmap(addr: *mut c_void, len: size_t) -> c_int {
     recycle_before_unmap(addr as usize, len);
     // SAFETY: the caller's arguments, passed on unchanged.
-    unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int }
+    let call = || unsafe { libc::syscall(libc::SYS_munmap, addr, len) as c_int };
+    let r = call();
+    // A split refused at `vm.max_map_count`.
+    if gave_back(r != 0) {
+        return call();
+    }
+    r
 }
 
 /// See [`munmap`].
@@ -182,7 +229,11 @@ pub unsafe extern "C" fn mmap(
     off: off_t,
 ) -> *mut c_void {
     // SAFETY: the caller's arguments, passed on unchanged.
-    let p = unsafe { sys_mmap(addr, len, prot, flags, fd, off) };
+    let call = || unsafe { sys_mmap(addr, len, prot, flags, fd, off) };
+    let mut p = call();
+    if gave_back(p == libc::MAP_FAILED) {
+        p = call();
+    }
     if p != libc::MAP_FAILED {
         after_mmap(p as usize, len, flags);
     }
@@ -265,10 +316,15 @@ pub unsafe extern "C" fn mremap(
     });
     // SAFETY: the caller's arguments, passed on unchanged.
     let call = || unsafe { sys_mremap(old, old_len, new_len, flags, new_addr) };
-    let r = match &hook {
+    let again = || match &hook {
         Some(h) => h.outside(call),
         None => call(),
     };
+    let mut r = again();
+    // Refused at `vm.max_map_count` (a move or a shrink splits): the engine's mappings go first.
+    if r == libc::MAP_FAILED && crate::hook::errno() == libc::ENOMEM && e.is_some_and(give_back) {
+        r = again();
+    }
     if let (Some(e), true) = (served, r == libc::MAP_FAILED) {
         // Refused (no room to grow, a bad flag): the mapping is where it was, as it was; the
         // engine serves it again (errno is the kernel's, kept by the hook scope).

@@ -37,6 +37,9 @@ pub(crate) struct Shared {
     pub(crate) stopping: AtomicBool,
     /// Set when the engine failed open.
     pub(crate) failed: AtomicBool,
+    /// Set when the engine gave its own mappings back (`Engine::give_back`): the pool rings
+    /// and the doorbells are unmapped, and their addresses may be the program's.
+    pub(crate) given_back: AtomicBool,
     /// Set by the handler on the first sequential write fault: the scrub thread fills nothing
     /// before.
     pub(crate) pool_may_fill: AtomicBool,
@@ -161,6 +164,7 @@ impl Shared {
             stats: p.stats,
             stopping: AtomicBool::new(false),
             failed: AtomicBool::new(false),
+            given_back: AtomicBool::new(false),
             pool_may_fill: AtomicBool::new(false),
             pool_paused: AtomicBool::new(false),
             scrub_parked: AtomicBool::new(false),

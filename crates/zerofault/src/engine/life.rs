@@ -47,7 +47,11 @@ impl Engine {
     /// Any thread; takes the threads' lock.
     pub fn own_mappings(&self) -> Vec<(usize, usize)> {
         let bells = self.shared.handlers() * PAGE_SIZE;
-        let mut v = vec![(self.shared.doorbell, bells), self.shared.zero.area()];
+        let mut v = vec![self.shared.zero.area()];
+        // Gone with the rings once given back (`Engine::give_back`): the program may map there.
+        if !self.shared.given_back.load(Acquire) {
+            v.push((self.shared.doorbell, bells));
+        }
         for p in &self.shared.pools {
             v.extend(p.areas());
         }
@@ -283,6 +287,38 @@ impl Engine {
         self.fail_open_paused();
     }
 
+    /// The kernel refused the program a call with ENOMEM (an mmap, a split, a malloc). Where the
+    /// process is at `vm.max_map_count` (or out of address space), the engine hands every fault
+    /// to the kernel for good, as [`Engine::stop_for_good`], and unmaps what it made for itself:
+    /// the pool rings and the doorbells (the threads' stacks went with the threads; the
+    /// unregistered ranges merge back with their neighbours). Returns whether it gave anything
+    /// back now, so that the caller repeats the refused call once. The program's memory (the
+    /// regions, the arena) and the engine's own small allocations stay.
+    ///
+    /// # Context
+    /// A program thread, inside a hook, signals blocked, right after the refused call; as
+    /// [`Engine::pause`] the first time, one probe mapping otherwise.
+    pub fn give_back(&self) -> bool {
+        if self.shared.given_back.load(Acquire) || !sys::mman::near_map_limit() {
+            return false;
+        }
+        let _one = self.giving_back.lock().unwrap_or_else(|e| e.into_inner());
+        if self.shared.given_back.load(Acquire) {
+            // Another thread gave back meanwhile: the call is worth repeating.
+            return true;
+        }
+        self.stop_for_good();
+        for p in &self.shared.pools {
+            p.retire();
+        }
+        let bells = self.shared.handlers() * PAGE_SIZE;
+        // SAFETY: the doorbells are the engine's own pages; every thread is stopped and the
+        // descriptor closed, so nobody rings them again (`given_back` keeps the drop away).
+        let _ = unsafe { mman::unmap(self.shared.doorbell, bells) };
+        self.shared.given_back.store(true, Release);
+        true
+    }
+
     /// The process is exiting (`exit`, or a return from `main`): the scrub threads leave at
     /// their next look and fill nothing more; nothing waits for them. The handlers serve on,
     /// so that a later destructor's faults are answered, until `exit_group` ends every thread.
@@ -341,8 +377,10 @@ impl Drop for Engine {
         for p in &self.shared.pools {
             p.release_all();
         }
-        let bells = self.shared.handlers() * PAGE_SIZE;
-        // SAFETY: the doorbells are the engine's own pages; every thread is joined.
-        let _ = unsafe { mman::unmap(self.shared.doorbell, bells) };
+        if !self.shared.given_back.load(Acquire) {
+            let bells = self.shared.handlers() * PAGE_SIZE;
+            // SAFETY: the doorbells are the engine's own pages; every thread is joined.
+            let _ = unsafe { mman::unmap(self.shared.doorbell, bells) };
+        }
     }
 }

@@ -50,6 +50,9 @@ pub struct Engine {
     shared: Arc<Shared>,
     /// The engine's threads; empty while paused ([`Engine::pause`]).
     threads: Mutex<Threads>,
+    /// Held by [`Engine::give_back`] from the stop to the last unmap: a second caller waits,
+    /// then repeats its call with the mappings gone.
+    giving_back: Mutex<()>,
 }
 
 /// The engine's threads.

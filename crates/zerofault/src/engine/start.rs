@@ -240,6 +240,7 @@ impl Engine {
         let mut engine = Engine {
             shared,
             threads: Mutex::new(Threads::default()),
+            giving_back: Mutex::new(()),
         };
         let threads = engine.threads.get_mut().unwrap_or_else(|e| e.into_inner());
         Engine::spawn_handlers(&engine.shared, threads, &|| ())?;

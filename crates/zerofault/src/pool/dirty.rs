@@ -152,6 +152,8 @@ pub(crate) struct DirtyRing {
     lock: Mutex<()>,
     /// The ring's clock: ns since then.
     born: Instant,
+    /// Unmapped for good ([`DirtyRing::retire`]): the address space may be the program's now.
+    gone: std::sync::atomic::AtomicBool,
 }
 
 impl DirtyRing {
@@ -167,6 +169,7 @@ impl DirtyRing {
             index: DirtyIndex::new(pages(len), if huge { PMD_PAGES } else { 1 }),
             lock: Mutex::new(()),
             born: Instant::now(),
+            gone: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -213,6 +216,12 @@ impl DirtyRing {
         let unit = self.index.unit;
         debug_assert!(n % unit == 0);
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_gone() {
+            return PutOutcome {
+                full: true,
+                ..PutOutcome::default()
+            };
+        }
         let (h, t0) = self.index.begin();
         let mut t = t0;
         let mut got = PutOutcome::default();
@@ -305,6 +314,9 @@ impl DirtyRing {
     /// Any thread holding the pool's work lock (pause, drop, `mlockall`); takes the put lock.
     pub(crate) fn release_all(&self) {
         let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.is_gone() {
+            return;
+        }
         // SAFETY: the ring's own memory; no recycler runs (the lock), and the caller keeps the
         // scrub away.
         let _ = unsafe { mman::madvise(self.base, bytes(self.index.pages), mman::MADV_DONTNEED) };
@@ -312,8 +324,37 @@ impl DirtyRing {
     }
 }
 
+impl DirtyRing {
+    /// Unmaps the ring's area for good, as [`crate::pool::Ring::retire`] does.
+    ///
+    /// # Context
+    /// Any thread, with the engine's threads stopped and the pool's work lock held; takes the
+    /// put lock.
+    pub(crate) fn retire(&self) {
+        let _one = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.gone.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        self.index.drain();
+        // SAFETY: the ring's own memory; under the put lock no recycler writes it, no scrub
+        // runs, and the ring is marked gone before the addresses are free.
+        let _ = unsafe { mman::unmap(self.base, bytes(self.index.pages)) };
+    }
+
+    /// Whether [`DirtyRing::retire`] unmapped the ring.
+    ///
+    /// # Context
+    /// Any thread; one atomic load.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
 impl Drop for DirtyRing {
     fn drop(&mut self) {
+        if self.is_gone() {
+            return;
+        }
         // SAFETY: the ring's own memory, and the ring is dropped.
         let _ = unsafe { mman::unmap(self.base, bytes(self.index.pages)) };
     }

@@ -247,6 +247,9 @@ impl Pool {
     /// # Context
     /// Any thread; atomics only, never sleeps.
     pub(crate) fn areas(&self) -> Vec<(usize, usize)> {
+        if self.small.is_gone() {
+            return vec![];
+        }
         let mut v = vec![self.small.area()];
         v.extend(self.huge.as_ref().map(Ring::area));
         v.extend(self.dirty_small.as_ref().map(DirtyRing::area));
@@ -459,6 +462,9 @@ impl Pool {
     /// ring's fill or put lock.
     pub(crate) fn release_all(&self) {
         let _work = self.work.lock().unwrap_or_else(|e| e.into_inner());
+        if self.small.is_gone() {
+            return;
+        }
         self.small.release_all();
         if let Some(h) = &self.huge {
             h.release_all();
@@ -466,6 +472,25 @@ impl Pool {
         for d in [&self.dirty_small, &self.dirty_huge].into_iter().flatten() {
             d.release_all();
         }
+    }
+
+    /// Unmaps every ring for good, its pages with it ([`Ring::retire`]): the engine gives its
+    /// mappings back (`Engine::give_back`). The pool is empty from then on and
+    /// [`Pool::areas`] names nothing.
+    ///
+    /// # Context
+    /// A program thread, with the engine's threads stopped and the descriptor closed (no move
+    /// into a ring can start); takes the pool's work lock, then each ring's lock.
+    pub(crate) fn retire(&self) {
+        let _work = self.work.lock().unwrap_or_else(|e| e.into_inner());
+        for d in [&self.dirty_small, &self.dirty_huge].into_iter().flatten() {
+            d.retire();
+        }
+        if let Some(h) = &self.huge {
+            h.retire();
+        }
+        // The small ring last: `areas` and `release_all` read it as the pool's.
+        self.small.retire();
     }
 }
 
@@ -524,6 +549,32 @@ mod tests {
         while got < n {
             got += r.fill_with(n - got, |_, n| Ok::<u64, FillError>(n)).unwrap();
         }
+    }
+
+    /// Catches a retired pool that still names its rings (an `mlockall` would then unlock, a
+    /// drop unmap, memory the program mapped there since) or whose rings stay mapped.
+    #[test]
+    fn a_retired_pool_unmaps_its_rings_and_names_none() {
+        let stats = Stats::default();
+        let p = Pool::new(16 << 20, true, true, None).unwrap();
+        p.fill_to(512, &stats, || false).unwrap();
+        let areas = p.areas();
+        assert_eq!(areas.len(), 4, "clean and dirty, small and huge");
+        p.retire();
+        assert!(p.areas().is_empty());
+        assert_eq!(p.available(), 0);
+        for (a, l) in areas {
+            assert_eq!(
+                crate::sys::mman::resident_pages(a, l).map_err(|e| e.raw_os_error()),
+                Err(Some(libc::ENOMEM))
+            );
+        }
+        assert!(
+            matches!(p.small.fill_step(512, &stats), Ok(0)),
+            "a retired ring takes no page"
+        );
+        p.release_all();
+        p.retire();
     }
 
     #[test]

@@ -178,6 +178,8 @@ pub(crate) struct Ring {
     /// refused for memory; cleared by one that lands on the node. Per ring: a node too
     /// fragmented for a huge page on it may still have 4 KiB pages (see [`Ring::node_full`]).
     full_at: std::sync::atomic::AtomicU64,
+    /// Unmapped for good ([`Ring::retire`]): the address space may be the program's now.
+    gone: std::sync::atomic::AtomicBool,
 }
 
 /// How long a ring's node counts as full after a populate found it so, unless a later one
@@ -223,6 +225,7 @@ impl Ring {
             fill_lock: Mutex::new(()),
             node: None,
             full_at: std::sync::atomic::AtomicU64::new(0),
+            gone: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -387,6 +390,9 @@ impl Ring {
         fill: impl FnOnce(usize, u64) -> Result<u64, E>,
     ) -> Result<u64, E> {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.gone.load(Relaxed) {
+            return Ok(0);
+        }
         // One PMD a step: consumers see pages appear every PMD populated, not after a refill.
         let Some((t, n)) = self.index.fill_begin(max_pages.min(PMD_PAGES)) else {
             return Ok(0);
@@ -446,6 +452,9 @@ impl Ring {
     /// Any thread holding the pool's work lock; takes the fill lock.
     pub(crate) fn release_all(&self) {
         let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.gone.load(Relaxed) {
+            return;
+        }
         // SAFETY: the ring's own memory. Under the fill lock no producer writes it, and after
         // head = tail below no consumer takes a run of it; a run taken before is moved out
         // already (the kernel refuses to move a discarded page: ENOENT, a hole).
@@ -454,8 +463,39 @@ impl Ring {
     }
 }
 
+impl Ring {
+    /// Unmaps the ring's area for good, its pages with it (the engine gave its mappings back:
+    /// `Engine::give_back`). From then on the ring is empty and takes no page, and nothing
+    /// touches its addresses, which the program may map again.
+    ///
+    /// # Context
+    /// Any thread, with the engine's threads stopped and the pool's work lock held; takes the
+    /// fill lock.
+    pub(crate) fn retire(&self) {
+        let _producer = self.fill_lock.lock().unwrap_or_else(|e| e.into_inner());
+        if self.gone.swap(true, Relaxed) {
+            return;
+        }
+        self.index.drain();
+        // SAFETY: the ring's own memory; under the fill lock no producer writes it, no handler
+        // runs, and the ring is marked gone before the addresses are free.
+        let _ = unsafe { mman::unmap(self.base, bytes(self.index.pages)) };
+    }
+
+    /// Whether [`Ring::retire`] unmapped the ring.
+    ///
+    /// # Context
+    /// Any thread; one atomic load.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.gone.load(Relaxed)
+    }
+}
+
 impl Drop for Ring {
     fn drop(&mut self) {
+        if self.is_gone() {
+            return;
+        }
         // SAFETY: the ring's own memory, and the ring is dropped.
         let _ = unsafe { mman::unmap(self.base, bytes(self.index.pages)) };
     }

@@ -222,6 +222,27 @@ pub unsafe fn madvise(addr: usize, len: usize, advice: libc::c_int) -> io::Resul
     Ok(())
 }
 
+/// Whether the process is within a few mappings of `vm.max_map_count` (or out of address
+/// space): a three-page `PROT_NONE` mapping cannot be made, or cannot be split in three (an
+/// `mprotect` of its middle page, which needs two more mappings: what a program's `munmap` or
+/// `mprotect` of a middle page needs). Asked after the kernel refused the program a call with
+/// ENOMEM, which it also returns for a hole; the probe tells the two apart without reading
+/// /proc. Shared anonymous memory, which never merges with a neighbour (each mapping has a file
+/// of its own), so that the probe's count is its own. Raw system calls, no allocation; the
+/// probe is unmapped again.
+pub(crate) fn near_map_limit() -> bool {
+    let flags = libc::MAP_SHARED | libc::MAP_ANONYMOUS;
+    // SAFETY: a fresh mapping; without MAP_FIXED nothing existing is affected.
+    let Ok(p) = (unsafe { sys_mmap(0, 3 * PAGE_SIZE, libc::PROT_NONE, flags) }) else {
+        return true;
+    };
+    // SAFETY: (so for the unmap) the probe's own mapping, known to nobody else.
+    let split = unsafe { protect(p + PAGE_SIZE, PAGE_SIZE, libc::PROT_READ) };
+    // SAFETY: as above.
+    let _ = unsafe { unmap(p, 3 * PAGE_SIZE) };
+    split.is_err()
+}
+
 /// The process's address-space or data-size limit (the lower soft limit of `RLIMIT_AS` and
 /// `RLIMIT_DATA`), `None` where both are unlimited. A raw `prlimit64`: no allocation.
 pub fn address_limit() -> Option<usize> {
@@ -422,6 +443,34 @@ impl Drop for Mapping {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Catches a probe that says "at the limit" where there is room (every refused madvise over
+    /// a hole would then stop the engine) or misses a process out of address space.
+    #[test]
+    fn the_map_limit_probe_sees_a_process_out_of_address_space() {
+        assert!(!near_map_limit());
+        // SAFETY: the child runs only raw system calls (async-signal-safe) before _exit.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let tight = libc::rlimit {
+                rlim_cur: 0,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            // SAFETY: plain system calls in the child; it exits right after.
+            unsafe {
+                libc::setrlimit(libc::RLIMIT_AS, &tight);
+                libc::_exit(i32::from(near_map_limit()));
+            }
+        }
+        let mut status = 0;
+        // SAFETY: waits for the child just forked.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            1,
+            "no address space left: the probe must say so"
+        );
+    }
 
     #[test]
     fn the_page_table_size_is_read_and_the_probe_answer_is_kept() {
