@@ -279,6 +279,52 @@ fn no_advice_under_thp_madvise_gets_no_huge_page_of_the_engines() {
     no_huge("no-advice");
 }
 
+/// `huge_kb=N` of rights.c's stderr.
+fn huge_kb(o: &Output) -> u64 {
+    let e = stderr(o);
+    let v = e.lines().find_map(|l| l.strip_prefix("huge_kb="));
+    v.and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no huge_kb= line: {e}"))
+}
+
+/// Catches advice lost when an mremap moves served memory (the engine forgot the range and
+/// took it back without the program's `MADV_HUGEPAGE`), and the moved range taken as holding
+/// page tables in every PMD: the writes after the move got 2 MiB of huge pages of 128 where
+/// natively they got 128.
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn huge_page_advice_moves_with_the_mapping() {
+    let dir = temp_dir("rights-huge-moved");
+    let prog = rights(&dir);
+    let (plain, shim) = both(prog.to_str().unwrap(), &["huge-moved"], &dir);
+    assert_eq!(stdout(&plain), "advice 0; moved 1\n", "natively: {}", stderr(&plain));
+    assert_eq!(stdout(&shim), stdout(&plain), "under the shim: {}", stderr(&shim));
+    let (native, shimmed) = (huge_kb(&plain), huge_kb(&shim));
+    assert!(
+        native > 0,
+        "no huge page natively (THP unavailable or memory fragmented): {}",
+        stderr(&plain)
+    );
+    assert!(
+        shimmed >= native / 2,
+        "{shimmed} kB of huge pages under the shim, {native} kB natively: {}",
+        stderr(&shim)
+    );
+    assert!(
+        counter(&shim, "fault_events") > 0,
+        "the engine served nothing: {}",
+        stderr(&shim)
+    );
+    let (plain, shim) = both(prog.to_str().unwrap(), &["nohuge-moved"], &dir);
+    assert_eq!(
+        (huge_kb(&plain), huge_kb(&shim)),
+        (0, 0),
+        "MADV_NOHUGEPAGE moved: {}",
+        stderr(&shim)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Advice set on a block, the block freed and handed out again at the same address (the shim's
 /// arena; natively a fresh mapping), then a fork: the child sees the block as natively.
 fn advice_forgotten(mode: &str) {

@@ -309,8 +309,12 @@ pub unsafe extern "C" fn mremap(
     // event read after another thread mapped the same addresses again; rare, see
     // `unknown_faults`) would otherwise make a move of several VMAs fail with EFAULT. An
     // unregister where nothing is registered changes nothing.
+    // The advice moves with the VMA (the kernel keeps it in the VMA's flags); the engine's,
+    // forgotten with the release, is given again where the memory is afterwards.
+    let mut advice = engine::Advice::default();
     let served = e.filter(|e| {
         let served = e.serves_any(old as usize, old_len);
+        advice = e.advice(old as usize, old_len);
         e.release(old as usize, old_len.next_multiple_of(PAGE_SIZE));
         served
     });
@@ -330,6 +334,7 @@ pub unsafe extern "C" fn mremap(
         // engine serves it again (errno is the kernel's, kept by the hook scope).
         // SAFETY: as below: the program's own anonymous private memory, unchanged.
         let _ = unsafe { e.adopt(old as usize, old_len.next_multiple_of(PAGE_SIZE), false) };
+        e.advise(old as usize, old_len, advice);
     }
     if let (Some(e), true) = (served, r != libc::MAP_FAILED) {
         let (kept, grown) = (old_len.next_multiple_of(PAGE_SIZE), new_len.next_multiple_of(PAGE_SIZE));
@@ -338,6 +343,8 @@ pub unsafe extern "C" fn mremap(
         // SAFETY: memory the program now owns as anonymous private memory at these
         // addresses; the engine fills missing pages with zeros as the kernel would.
         let adopted = unsafe { e.adopt(r as usize, grown, false) }.is_ok();
+        e.advise(r as usize, grown, advice);
+        e.tables_as_seen(r as usize, grown);
         // The part a growth added, which the program writes next.
         if adopted && grown > kept {
             e.fill_grown(r as usize + kept, grown - kept);
@@ -345,6 +352,7 @@ pub unsafe extern "C" fn mremap(
         if flags & libc::MREMAP_DONTUNMAP != 0 {
             // SAFETY: as above: the source of a DONTUNMAP move stays mapped, empty.
             let _ = unsafe { e.adopt(old as usize, old_len.next_multiple_of(PAGE_SIZE), false) };
+            e.advise(old as usize, old_len, advice);
         }
     }
     r
@@ -394,6 +402,8 @@ fn grow_in_place(
     // VMA; no page there yet.
     match unsafe { e.adopt_grown(end, grown - kept) } {
         Ok(()) => {
+            // The VMA's advice covers what it grew by.
+            e.advise(end, grown - kept, e.advice(at, kept));
             e.fill_grown(end, grown - kept);
         }
         // Registered by the kernel but not taken: handed back, the kernel's faults serve it.

@@ -184,7 +184,7 @@ mod sys;
 #[cfg(test)]
 mod testing;
 
-pub use engine::{in_engine_thread, probe, Engine, MapError, NodePool, RecycleError, StartError};
+pub use engine::{in_engine_thread, probe, Advice, Engine, MapError, NodePool, RecycleError, StartError};
 pub use memory::region::{Recycled, Region};
 pub use options::{OptionError, Options, StatsOut};
 pub use pool::zero::{is_zero, Unavailable, ZeroMethod};

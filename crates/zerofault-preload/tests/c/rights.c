@@ -366,6 +366,28 @@ static void no_huge_pages(int how) {
     printf("in the process %ld kB\n", process_huge_kb());
 }
 
+/* A mapping advised `advice` with one page written, grown by an mremap that has to move it
+ * (something is mapped right after it), then written whole: the advice moves with the mapping,
+ * and the writes take huge pages where the kernel's faults would (to stderr: huge_kb=N). */
+static void advised_then_moved(int advice) {
+    size_t n = BIG;
+    unsigned char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    void *after = mmap(p + n, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    int r = madvise(p, n, advice);
+    p[0] = 1;
+    unsigned char *q = mremap(p, n, 2 * n, MREMAP_MAYMOVE);
+    if (q == MAP_FAILED) {
+        perror("mremap");
+        exit(1);
+    }
+    memset(q, 1, 2 * n);
+    __asm__ volatile("" : : "r"(q) : "memory");
+    printf("advice %d; moved %d\n", r, q != p);
+    fprintf(stderr, "huge_kb=%ld\n", anon_huge_kb(q, q + 2 * n));
+    if (after != MAP_FAILED)
+        munmap(after, 4096);
+}
+
 int main(int argc, char **argv) {
     const char *m = argc > 1 ? argv[1] : "";
     setvbuf(stdout, NULL, _IONBF, 0);
@@ -468,13 +490,17 @@ int main(int argc, char **argv) {
         no_huge_pages(1);
     } else if (!strcmp(m, "no-advice")) {
         no_huge_pages(2);
+    } else if (!strcmp(m, "huge-moved")) {
+        advised_then_moved(MADV_HUGEPAGE);
+    } else if (!strcmp(m, "nohuge-moved")) {
+        advised_then_moved(MADV_NOHUGEPAGE);
     } else if (!strcmp(m, "dontfork")) {
         advice_reused(MADV_DONTFORK);
     } else if (!strcmp(m, "wipeonfork")) {
         advice_reused(MADV_WIPEONFORK);
     } else {
         fprintf(stderr, "usage: rights setuid|setuid-thread|setuid-busy|switcher|raw-setuid|nnp|userns|setns|seccomp|seccomp-syscall|sandbox|"
-                        "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|nohugepage|thp-disable|no-advice|dontfork|wipeonfork\n");
+                        "own-mmap|own-syscall|own-malloc|own-wp|futex|remote|debugged|core|nohugepage|thp-disable|no-advice|huge-moved|nohuge-moved|dontfork|wipeonfork\n");
         return 64;
     }
     return 0;

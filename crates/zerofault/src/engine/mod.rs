@@ -55,6 +55,18 @@ pub struct Engine {
     giving_back: Mutex<()>,
 }
 
+/// The program's advice for some memory, as the kernel keeps it in the VMA's flags
+/// ([`Engine::advice`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Advice {
+    /// `MADV_HUGEPAGE`.
+    pub huge: bool,
+    /// `MADV_NOHUGEPAGE`.
+    pub no_huge: bool,
+    /// `MADV_RANDOM`.
+    pub random: bool,
+}
+
 /// The engine's threads.
 #[derive(Debug, Default)]
 struct Threads {
@@ -311,6 +323,51 @@ impl Engine {
     /// A program thread, inside the shim's madvise hook, signals blocked.
     pub fn set_random(&self, addr: usize, len: usize, on: bool) {
         self.shared.ranges.set_random(addr, addr.saturating_add(len), on);
+    }
+
+    /// The advice the program gave `[addr, addr + len)` (huge pages, random access), to give
+    /// the same memory again where the program moves it ([`Engine::advise`]): the kernel keeps
+    /// advice in the VMA's flags, which `mremap` moves and a growth in place extends.
+    ///
+    /// # Context
+    /// A program thread, inside the shim's mremap hook, signals blocked; takes the range table's
+    /// read lock.
+    pub fn advice(&self, addr: usize, len: usize) -> Advice {
+        let (huge, no_huge, random) = self.shared.ranges.advice(addr, addr.saturating_add(len));
+        Advice { huge, no_huge, random }
+    }
+
+    /// Gives `[addr, addr + len)` the advice [`Engine::advice`] read elsewhere.
+    ///
+    /// # Context
+    /// As [`Engine::set_huge`].
+    pub fn advise(&self, addr: usize, len: usize, advice: Advice) {
+        if advice.huge || advice.no_huge {
+            self.set_huge(addr, len, advice.huge);
+        }
+        if advice.random {
+            self.set_random(addr, len, true);
+        }
+    }
+
+    /// The page tables of `[addr, addr + len)` as the kernel has them: memory an `mremap` just
+    /// moved or grew (the move takes the old part's tables along, and the part grown into has
+    /// none). A PMD where the pagemap shows pages holds a table; the others may take whole huge
+    /// pages, as the kernel's faults would make them there. An empty table the pagemap cannot
+    /// show costs one refused huge move. Unreadable pagemap: any PMD may hold a table.
+    ///
+    /// # Context
+    /// A program thread, inside the shim's mremap hook, signals blocked; takes the range table's
+    /// read lock; reads the pagemap (`PAGEMAP_SCAN`).
+    pub fn tables_as_seen(&self, addr: usize, len: usize) {
+        let end = addr.saturating_add(len);
+        for r in self.shared.ranges.overlapping(addr, end) {
+            let (a, b) = (addr.max(r.start), end.min(r.end()));
+            r.pmds.clear_tables(a, b);
+            if mman::populated_pmds(a, b - a, |x, n| r.pmds.mark_tables(x, n)).is_err() {
+                r.pmds.mark_tables(a, b - a);
+            }
+        }
     }
 
     /// Copies zero pages into the pages of `[addr, end)` (clipped to its range) that this call

@@ -281,6 +281,25 @@ impl RangeTable {
         }
     }
 
+    /// The advice the program gave any PMD of `[start, end)`, as (`MADV_HUGEPAGE`,
+    /// `MADV_NOHUGEPAGE`, `MADV_RANDOM`): what the kernel keeps in the VMA's flags, and moves
+    /// with it (`mremap`).
+    ///
+    /// # Context
+    /// A program thread (the mremap hook); takes the range table's read lock.
+    pub(crate) fn advice(&self, start: usize, end: usize) -> (bool, bool, bool) {
+        let mut got = (false, false, false);
+        for r in self.read().overlapping(start, end, None) {
+            let (a, b) = (start.max(r.start), end.min(r.end()));
+            for pmd in (crate::page::pmd_start(a)..b).step_by(PMD_SIZE) {
+                got.0 |= r.pmds.wants_huge(pmd);
+                got.1 |= r.pmds.no_huge(pmd);
+                got.2 |= r.pmds.is_random(pmd);
+            }
+        }
+        got
+    }
+
     /// See [`Range::set_random`].
     ///
     /// # Context
