@@ -256,6 +256,32 @@ fn at_the_map_count_limit_the_program_keeps_its_mappings() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Catches the front repeating a call that returned NULL without failing: the mappings made
+/// by raw system calls up to the limit leave ENOMEM in errno, and glibc's realloc(p, 0) frees p,
+/// returns NULL and leaves errno alone, so a front that took the NULL for a refusal gave the
+/// engine's mappings back and freed p a second time (glibc: "double free detected", SIGABRT).
+#[test]
+#[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
+fn a_stale_enomem_at_the_map_count_limit_repeats_no_call() {
+    let dir = temp_dir("r3-maps-raw");
+    let prog = cc("fds", &dir, false);
+    let Some(_limit) = MapCount::set(20000) else {
+        panic!("vm.max_map_count cannot be set (the test needs root)");
+    };
+    let expected = "at the limit: realloc(p, 0) NULL, malloc ok, fopen ok\n";
+    let native = go(&mut plain(&prog, &["maps-raw"]));
+    assert_eq!(stdout(&native), expected, "natively: {}", stderr(&native));
+    let shim = go(&mut shimmed(&prog, false, &["maps-raw"]));
+    assert!(
+        shim.status.success() && stdout(&shim) == expected,
+        "under the shim: {}, {}{}",
+        shim.status,
+        stdout(&shim),
+        stderr(&shim)
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// Catches an engine that no longer sees a tracer once the program lost /proc (chroot into an
 /// empty directory; /proc unmounted in a mount namespace of its own): it never stepped aside,
 /// and the debugger's read of a word the program never touched failed with EIO for good

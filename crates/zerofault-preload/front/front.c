@@ -685,12 +685,21 @@ static int gave_back(int refused) {
            ((int (*)(void))shim[S_GIVE_BACK])();
 }
 
-/* `call` (a pointer-returning allocation), repeated once where gave_back says so. */
+/* `call` (a pointer-returning allocation), repeated once where gave_back says so: only when
+ * the call itself set ENOMEM (errno is cleared first, and put back when the call left it
+ * alone), never on an errno an earlier failure left, nor on a NULL that is no failure
+ * (realloc(p, 0) frees p: repeating it would free p twice). */
 #define AGAIN_IF_REFUSED(call)                                                                     \
     do {                                                                                           \
+        int saved_ = errno;                                                                        \
+        errno = 0;                                                                                 \
         void *got_ = (call);                                                                       \
-        if (gave_back(!got_))                                                                      \
+        if (gave_back(!got_)) {                                                                    \
+            errno = 0;                                                                             \
             got_ = (call);                                                                         \
+        }                                                                                          \
+        if (errno == 0)                                                                            \
+            errno = saved_;                                                                        \
         return got_;                                                                               \
     } while (0)
 
@@ -736,6 +745,8 @@ EXPORT void *realloc(void *p, size_t n) {
         return p ? NEXT(REALLOC, realloc_fn)(p, n) : priv_alloc(n, 16, 0);
     if (shim_for(n))
         AGAIN_IF_REFUSED(SHIM(REALLOC, realloc_fn)(p, n));
+    if (n == 0)
+        return NEXT(REALLOC, realloc_fn)(p, n); /* a free when p is a block: never repeated */
     AGAIN_IF_REFUSED(NEXT(REALLOC, realloc_fn)(p, n));
 }
 
@@ -749,6 +760,8 @@ EXPORT void *reallocarray(void *p, size_t n, size_t size) {
         return realloc(p, total);
     if (shim_for(total))
         AGAIN_IF_REFUSED(SHIM(REALLOCARRAY, reallocarray_fn)(p, n, size));
+    if (total == 0)
+        return NEXT(REALLOCARRAY, reallocarray_fn)(p, n, size); /* as realloc(p, 0) */
     AGAIN_IF_REFUSED(NEXT(REALLOCARRAY, reallocarray_fn)(p, n, size));
 }
 

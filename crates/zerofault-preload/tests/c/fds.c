@@ -12,6 +12,10 @@
  *                  that none merge) until mmap fails; then malloc(1000) and fopen of
  *                  /proc/self/maps at the limit: prints "at the limit: malloc ok, fopen ok";
  *                  the number of mappings made goes to stderr as "maps=N"
+ *   fds maps-raw   as maps, the mappings made by raw system calls (no hook sees them refused);
+ *                  then at the limit, with the last one's ENOMEM still in errno, realloc(p, 0)
+ *                  of a small block (a free), malloc(1000) and fopen: prints "at the limit:
+ *                  realloc(p, 0) NULL, malloc ok, fopen ok"
  *   fds lowfd SECS 128 MiB blocks malloc'd, one byte (every other round: none) written, freed,
  *                  for SECS seconds; between rounds, 2000 times: close(0), open("/dev/null")
  *                  must give 0 (the lowest free number), then the original stdin is put back:
@@ -112,21 +116,28 @@ static int list(void) {
     return 0;
 }
 
-static int maps(void) {
+static int maps(int raw) {
     setvbuf(stdout, NULL, _IONBF, 0);
     write_blocks(1);
+    char *small = malloc(100);
     int n = 0;
     for (;;) {
         int prot = (n & 1) ? PROT_READ : PROT_READ | PROT_WRITE;
-        unsigned char *p = mmap(NULL, 2 * MB, prot, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        int flags = MAP_PRIVATE | MAP_ANONYMOUS;
+        unsigned char *p = raw ? (unsigned char *)syscall(SYS_mmap, NULL, 2 * MB, prot, flags, -1, 0)
+                               : mmap(NULL, 2 * MB, prot, flags, -1, 0);
         if (p == MAP_FAILED) break;
         if (!(n & 1) && n % 64 == 0) p[0] = 1;
         n++;
     }
     if (errno != ENOMEM) perror("mmap");
+    if (raw) {
+        void *z = realloc(small, 0); /* glibc frees the block, returns NULL and leaves errno */
+        printf("at the limit: realloc(p, 0) %s, ", z ? "a block" : "NULL");
+    }
     void *m = malloc(1000);
     FILE *f = fopen("/proc/self/maps", "r");
-    printf("at the limit: malloc %s, fopen %s\n", m ? "ok" : "NULL", f ? "ok" : strerror(errno));
+    printf("%smalloc %s, fopen %s\n", raw ? "" : "at the limit: ", m ? "ok" : "NULL", f ? "ok" : strerror(errno));
     fprintf(stderr, "maps=%d\n", n);
     return 0;
 }
@@ -216,7 +227,8 @@ static int lose_proc(const char *how, const char *dir) {
 }
 
 int main(int argc, char **argv) {
-    if (argc == 2 && !strcmp(argv[1], "maps")) return maps();
+    if (argc == 2 && !strcmp(argv[1], "maps")) return maps(0);
+    if (argc == 2 && !strcmp(argv[1], "maps-raw")) return maps(1);
     void *first = malloc(16);
     keep(first);
     free(first);
@@ -227,6 +239,6 @@ int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "closeall")) return closeall();
     if (argc == 3 && !strcmp(argv[1], "chroot")) return lose_proc("chroot", argv[2]);
     if (argc == 2 && !strcmp(argv[1], "umount")) return lose_proc("umount", NULL);
-    fprintf(stderr, "usage: fds nofile N | nofile-late N | list | lowfd SECS | closeall | maps | chroot DIR | umount\n");
+    fprintf(stderr, "usage: fds nofile N | nofile-late N | list | lowfd SECS | closeall | maps | maps-raw | chroot DIR | umount\n");
     return 2;
 }

@@ -70,6 +70,9 @@ impl Engine {
     /// A program thread, inside a hook, signals blocked; takes every pool's work lock (waits for a
     /// scrub's step to end), then `mprotect`s.
     pub fn before_mlockall(&self) {
+        // No give-back meanwhile: its unmapped rings could be the program's memory by the time
+        // they are protected (the same below for the unlocks).
+        let _one = self.giving_back.lock().unwrap_or_else(|e| e.into_inner());
         // Between two steps of the scrub, which leaves protected rings alone (it writes the
         // dirty ones).
         let _work: Vec<_> = self
@@ -97,6 +100,7 @@ impl Engine {
     /// A program thread, inside a hook, signals blocked; takes every pool's work lock, then
     /// `munlock`s and `mprotect`s.
     pub fn after_mlockall(&self) {
+        let _one = self.giving_back.lock().unwrap_or_else(|e| e.into_inner());
         for (a, l) in self.own_mappings() {
             let _ = mman::munlock(a, l);
         }
@@ -299,15 +303,22 @@ impl Engine {
     /// A program thread, inside a hook, signals blocked, right after the refused call; as
     /// [`Engine::pause`] the first time, one probe mapping otherwise.
     pub fn give_back(&self) -> bool {
-        if self.shared.given_back.load(Acquire) || !sys::mman::near_map_limit() {
+        // Given back before this caller's call was refused: the refusal is the program's own.
+        if self.shared.given_back.load(Acquire) {
             return false;
         }
         let _one = self.giving_back.lock().unwrap_or_else(|e| e.into_inner());
         if self.shared.given_back.load(Acquire) {
-            // Another thread gave back meanwhile: the call is worth repeating.
+            // Given back since the refusal (another thread, refused at the same moment, held
+            // the lock): the call is worth repeating.
             return true;
         }
+        if !sys::mman::near_map_limit() {
+            return false;
+        }
         self.stop_for_good();
+        // Set first: from here nothing names the rings or the doorbells (`own_mappings`).
+        self.shared.given_back.store(true, Release);
         for p in &self.shared.pools {
             p.retire();
         }
@@ -315,7 +326,6 @@ impl Engine {
         // SAFETY: the doorbells are the engine's own pages; every thread is stopped and the
         // descriptor closed, so nobody rings them again (`given_back` keeps the drop away).
         let _ = unsafe { mman::unmap(self.shared.doorbell, bells) };
-        self.shared.given_back.store(true, Release);
         true
     }
 

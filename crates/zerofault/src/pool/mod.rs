@@ -247,13 +247,19 @@ impl Pool {
     /// # Context
     /// Any thread; atomics only, never sleeps.
     pub(crate) fn areas(&self) -> Vec<(usize, usize)> {
-        if self.small.is_gone() {
-            return vec![];
-        }
-        let mut v = vec![self.small.area()];
-        v.extend(self.huge.as_ref().map(Ring::area));
-        v.extend(self.dirty_small.as_ref().map(DirtyRing::area));
-        v.extend(self.dirty_huge.as_ref().map(DirtyRing::area));
+        let mut v: Vec<_> = Some(&self.small)
+            .into_iter()
+            .chain(&self.huge)
+            .filter(|r| !r.is_gone())
+            .map(Ring::area)
+            .collect();
+        v.extend(
+            [&self.dirty_small, &self.dirty_huge]
+                .into_iter()
+                .flatten()
+                .filter(|d| !d.is_gone())
+                .map(DirtyRing::area),
+        );
         v
     }
 
