@@ -11,10 +11,44 @@ use crate::next;
 use crate::state::{self, abort_invalid, arena, threshold};
 use engine::os::mman::PAGE_SIZE;
 use libc::{c_int, c_void, size_t};
-use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 /// A realloc that shrinks a block by at least this many pages gives them back.
 const SHRINK_MIN_PAGES: u64 = 256;
+
+/// glibc's `DEFAULT_MMAP_THRESHOLD_MAX` on 64-bit: the largest mmap threshold its frees set.
+const GLIBC_THRESHOLD_MAX: usize = 32 << 20;
+
+/// glibc's mmap threshold as it would stand natively, 0 until raised: requests below it are
+/// left to the next allocator, whose heap serves them with their pages in place (see
+/// [`note_freed`]).
+static HEAP_BELOW: AtomicUsize = AtomicUsize::new(0);
+
+/// glibc's size for a request of `size` bytes (`checked_request2size`: 8 bytes of header,
+/// 16-byte aligned), which it compares with the mmap threshold.
+fn glibc_request(size: usize) -> usize {
+    size.saturating_add(8 + 15) & !15
+}
+
+/// The program freed a large block of `usable` bytes. Natively glibc mapped it, and its free
+/// raises glibc's mmap threshold to the block's size (its chunk: the request and its header,
+/// rounded up to pages) when that is above the threshold and at most 32 MiB: from then on
+/// requests of that size come from glibc's heap, where a freed block is reused with its pages
+/// in place (no fault, no zeroing; glibc's trim threshold follows at twice as much). So here:
+/// such requests go to the next allocator from now on, which does natively what it would do
+/// (glibc's own threshold rises at its first free of one). A realloc that moves a block does
+/// not raise it (glibc frees the old chunk without the check), nor does a free of a block above
+/// 32 MiB. The arena keeps what glibc would map: blocks above the threshold, where a fresh
+/// mapping and the engine's recycling beat the kernel.
+///
+/// # Context
+/// A program thread, in `free`, after the arena took the block back; one atomic.
+fn note_freed(usable: u64) {
+    let chunk = (glibc_request(usable as usize) + 8).next_multiple_of(PAGE_SIZE);
+    if chunk <= GLIBC_THRESHOLD_MAX {
+        HEAP_BELOW.fetch_max(chunk, Relaxed);
+    }
+}
 
 /// A zero block of `size` bytes aligned to `align` from the arena, if the request is large and
 /// the engine (which makes the arena) is up.
@@ -24,6 +58,9 @@ const SHRINK_MIN_PAGES: u64 = 256;
 /// arena's lock and, for the header page, the engine's.
 fn large(size: usize, align: usize) -> Option<*mut c_void> {
     if size < threshold() || !align.is_power_of_two() || align > (1 << 30) {
+        return None;
+    }
+    if glibc_request(size) < HEAP_BELOW.load(Relaxed) {
         return None;
     }
     prime_next();
@@ -118,13 +155,27 @@ pub unsafe extern "C" fn free(p: *mut c_void) {
         return;
     }
     if let Some(a) = arena().filter(|a| a.contains(p as usize)) {
+        let Ok(h) = a.block(p as usize) else {
+            abort_invalid("free", p)
+        };
         if a.free(p as usize, &recycle).is_err() {
             abort_invalid("free", p);
         }
+        note_freed(h.usable);
         return;
     }
     // SAFETY: p came from the next allocator (it is neither ours nor the boot buffer's).
     unsafe { next::free(p) }
+}
+
+/// `free` of an arena block without [`note_freed`]: realloc's end of an old block.
+///
+/// # Safety
+/// `p` is a live arena block, no longer used.
+unsafe fn free_moved(a: &crate::arena::Arena, p: *mut c_void) {
+    if a.free(p as usize, &recycle).is_err() {
+        abort_invalid("realloc", p);
+    }
 }
 
 /// Offers a freed block's pages to the engine's pool (`ZEROFAULT_RECYCLE`): `true` when they
@@ -255,7 +306,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
             unsafe { std::ptr::copy_nonoverlapping(p as *const u8, q as *mut u8, len) };
         }
         // SAFETY: p is a live arena block, no longer used.
-        unsafe { free(p) };
+        unsafe { free_moved(a, p) };
         return q;
     }
     if size >= threshold() {
