@@ -67,6 +67,27 @@ fn within_cgroup(mut opts: Options, cgroup: Option<&sys::cgroup::MemoryCgroup>) 
     opts
 }
 
+/// What the pools' rings may be charged in all under strict overcommit
+/// (`vm.overcommit_memory` 2), where the kernel charges every read-write reservation whole when
+/// it is made: the machine's commit budget is shared by every process, and a process under the
+/// shim must leave it to the programs (DESIGN.md, "Strict overcommit").
+pub(crate) const STRICT_RINGS: usize = 32 << 20;
+
+/// `opts` with the pools small enough that their rings are charged at most [`STRICT_RINGS`]
+/// under strict overcommit: each ring, and a dirty ring beside each when recycling, can hold
+/// all of `pool_max` (see `Pool::new`).
+fn within_commit(mut opts: Options, strict: bool) -> Options {
+    let rings = if opts.recycle { 4 } else { 1 };
+    let most = pmd_start(STRICT_RINGS / rings).max(PMD_SIZE);
+    if !strict || opts.pool_max <= most {
+        return opts;
+    }
+    opts.pool_max = most;
+    opts.scrub_stop = opts.scrub_stop.min(opts.pool_max);
+    opts.scrub_start = opts.scrub_start.min(opts.scrub_stop);
+    opts
+}
+
 /// The doorbells of `handlers` handlers, one page each, registered with `uffd`: their address.
 ///
 /// # Context
@@ -189,7 +210,7 @@ impl Engine {
     fn start(opts: Options, stats: StatsHome) -> Result<Engine, StartError> {
         opts.validate()?;
         let cgroup = sys::cgroup::MemoryCgroup::find();
-        let opts = within_cgroup(opts, cgroup.as_ref());
+        let opts = within_commit(within_cgroup(opts, cgroup.as_ref()), mman::strict_overcommit());
         let page = mman::system_page_size();
         if page != PAGE_SIZE {
             return Err(StartError::PageSize(page));
@@ -326,5 +347,29 @@ struct Alive<'a>(&'a std::sync::atomic::AtomicUsize);
 impl Drop for Alive<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Catches pools whose rings, charged whole under strict overcommit, took 8 GiB of the
+    /// machine's commit at each engine's start (round 3's `r_commit`).
+    #[test]
+    fn strict_overcommit_caps_what_the_rings_are_charged() {
+        let o = Options::default();
+        assert_eq!(within_commit(o.clone(), false), o, "left alone otherwise");
+        for recycle in [true, false] {
+            let o = Options {
+                recycle,
+                ..Options::default()
+            };
+            let s = within_commit(o, true);
+            let rings = if recycle { 4 } else { 1 };
+            assert!(s.pool_max * rings <= STRICT_RINGS, "{recycle}: pool_max {}", s.pool_max);
+            assert!(s.scrub_start <= s.scrub_stop && s.scrub_stop <= s.pool_max);
+            assert!(s.validate().is_ok(), "{recycle}: {:?}", s.validate());
+        }
     }
 }

@@ -372,6 +372,12 @@ pub fn thp_always() -> bool {
     thp_setting("enabled").is_ok_and(|s| s.contains("[always]"))
 }
 
+/// Whether the kernel accounts commit strictly (`vm.overcommit_memory` 2): then a writable
+/// private mapping is charged whole when it is made, `MAP_NORESERVE` or not.
+pub(crate) fn strict_overcommit() -> bool {
+    super::file::read_to_string("/proc/sys/vm/overcommit_memory").is_ok_and(|s| s.trim() == "2")
+}
+
 /// One file of /sys/kernel/mm/transparent_hugepage.
 fn thp_setting(file: &str) -> io::Result<String> {
     super::file::read_to_string(format!("/sys/kernel/mm/transparent_hugepage/{file}"))
