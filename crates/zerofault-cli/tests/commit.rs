@@ -28,7 +28,9 @@ impl Drop for Overcommit {
 /// Catches an engine whose start charges the machine's commit with its pools' reservations
 /// (read-write, charged whole in mode 2 even with `MAP_NORESERVE`): 8.4 GB at each start, so
 /// that a mapping of most of the commit left, which natively succeeds, failed with ENOMEM.
-/// The engine may charge at most 64 MiB more than the program's own first block.
+/// The engine may be charged at most 64 MiB more than the program natively (its writable
+/// private mappings). Killed outright (SIGKILL), the test leaves the machine in mode 2: the
+/// restore is a drop.
 #[test]
 #[cfg_attr(zerofault_no_uffd, ignore = "userfaultfd unavailable on this machine")]
 fn under_strict_overcommit_the_engine_leaves_the_commit_to_the_program() {
@@ -49,7 +51,7 @@ fn under_strict_overcommit_the_engine_leaves_the_commit_to_the_program() {
     let (n, s) = (measured(&plain, "charged_kb"), measured(&shim, "charged_kb"));
     assert!(
         s <= n + 64 * 1024,
-        "Committed_AS grew {s} kB under the shim, {n} kB natively"
+        "{s} kB of writable private mappings under the shim, {n} kB natively"
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }

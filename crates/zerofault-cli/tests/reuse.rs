@@ -33,8 +33,9 @@ fn a_block_freed_and_malloced_again_keeps_its_pages_as_in_glibcs_heap() {
         );
         let round = (mib << 20) as i64 / 4096;
         let (n, s) = (measured(&plain, "minflt"), measured(&shim, "minflt"));
-        // One round more than natively: the arena's block, before the next allocator takes over.
-        if s > n + round + 256 {
+        // One round more than natively: the arena's block, before the next allocator takes over
+        // (and a few hundred of the shim's own: its hooks' first touches of its memory).
+        if s > n + round + 1024 {
             failures.push(format!(
                 "{mib} MiB: {s} minor faults under the shim, {n} natively (one round: {round})"
             ));

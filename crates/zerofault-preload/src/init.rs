@@ -109,6 +109,8 @@ fn init_options() {
     // Read here, where nothing changes the environment under us; the engine starts later,
     // inside a hook.
     engine::os::machine::set_runtime_dir(environ_lookup(b"XDG_RUNTIME_DIR"));
+    let fixed = crate::glibc::fixed_threshold(|name| environ_lookup(name.as_bytes()).map(str::to_owned));
+    crate::malloc::FIXED_THRESHOLD.store(fixed, Relaxed);
     // `zerofault run --verbose` names the process it runs: only that one says at exit that it
     // never needed the engine (the helpers a wrapper script runs first would say it too).
     let run_pid = env_lookup("run_pid").and_then(|p| p.parse::<i32>().ok());

@@ -87,6 +87,7 @@ mod capi;
 mod exit;
 #[cfg(not(test))]
 mod front;
+mod glibc;
 #[cfg(not(test))]
 mod hook;
 #[cfg(not(test))]

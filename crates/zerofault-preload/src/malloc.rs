@@ -6,6 +6,7 @@
 //! shim's own) passes straight through to the next allocator.
 
 use crate::arena::ADVISED;
+use crate::glibc;
 use crate::hook::{set_errno, Hook};
 use crate::next;
 use crate::state::{self, abort_invalid, arena, threshold};
@@ -16,19 +17,17 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 /// A realloc that shrinks a block by at least this many pages gives them back.
 const SHRINK_MIN_PAGES: u64 = 256;
 
-/// glibc's `DEFAULT_MMAP_THRESHOLD_MAX` on 64-bit: the largest mmap threshold its frees set.
-const GLIBC_THRESHOLD_MAX: usize = 32 << 20;
-
 /// glibc's mmap threshold as it would stand natively, 0 until raised: requests below it are
 /// left to the next allocator, whose heap serves them with their pages in place (see
 /// [`note_freed`]).
 static HEAP_BELOW: AtomicUsize = AtomicUsize::new(0);
 
-/// glibc's size for a request of `size` bytes (`checked_request2size`: 8 bytes of header,
-/// 16-byte aligned), which it compares with the mmap threshold.
-fn glibc_request(size: usize) -> usize {
-    size.saturating_add(8 + 15) & !15
-}
+/// Set where glibc's threshold does not move: the program fixed it, or one of the values that
+/// stop glibc from moving it, through the environment (`MALLOC_MMAP_THRESHOLD_` and the three
+/// others, or their `GLIBC_TUNABLES`). glibc then maps every block above the threshold, and the
+/// arena keeps serving them. Read at the shim's start (`fixed_threshold`); a `mallopt` call is
+/// not seen.
+pub(crate) static FIXED_THRESHOLD: AtomicBool = AtomicBool::new(false);
 
 /// The program freed a large block of `usable` bytes. Natively glibc mapped it, and its free
 /// raises glibc's mmap threshold to the block's size (its chunk: the request and its header,
@@ -44,9 +43,11 @@ fn glibc_request(size: usize) -> usize {
 /// # Context
 /// A program thread, in `free`, after the arena took the block back; one atomic.
 fn note_freed(usable: u64) {
-    let chunk = (glibc_request(usable as usize) + 8).next_multiple_of(PAGE_SIZE);
-    if chunk <= GLIBC_THRESHOLD_MAX {
-        HEAP_BELOW.fetch_max(chunk, Relaxed);
+    if FIXED_THRESHOLD.load(Relaxed) {
+        return;
+    }
+    if let Some(t) = glibc::threshold_after_free(usable as usize) {
+        HEAP_BELOW.fetch_max(t, Relaxed);
     }
 }
 
@@ -57,10 +58,19 @@ fn note_freed(usable: u64) {
 /// Any program thread, inside the hook scope (quiet from the engine's start on); takes the
 /// arena's lock and, for the header page, the engine's.
 fn large(size: usize, align: usize) -> Option<*mut c_void> {
-    if size < threshold() || !align.is_power_of_two() || align > (1 << 30) {
+    if glibc::request(size) < HEAP_BELOW.load(Relaxed) {
         return None;
     }
-    if glibc_request(size) < HEAP_BELOW.load(Relaxed) {
+    arena_block(size, align)
+}
+
+/// [`large`] whatever glibc's threshold: for a block that grows out of an arena block, which
+/// natively stays mapped (glibc moves a mapped chunk with mremap, whatever its threshold).
+///
+/// # Context
+/// As [`large`].
+fn arena_block(size: usize, align: usize) -> Option<*mut c_void> {
+    if size < threshold() || !align.is_power_of_two() || align > (1 << 30) {
         return None;
     }
     prime_next();
@@ -292,7 +302,7 @@ pub unsafe extern "C" fn realloc(p: *mut c_void, size: size_t) -> *mut c_void {
         // A new block, the pages moved into it, the old one freed; with the engine off, or no
         // room in the arena, a copy (the old block stays valid on failure, as realloc requires).
         // SAFETY: malloc with the caller's size.
-        let q = unsafe { malloc(size) };
+        let q = arena_block(size, 16).unwrap_or_else(|| unsafe { malloc(size) });
         if q.is_null() {
             return q;
         }

@@ -124,9 +124,11 @@ fn make_pools(
         Some(n) => n.pool_nodes().map(Some).collect(),
         None => vec![None],
     };
-    // Under an address-space limit (the shim caps pool_max by it) the nodes share it.
-    let bytes = match (nodes.len(), mman::address_limit()) {
-        (k, Some(_)) if k > 1 => pmd_start(opts.pool_max / k).max(PMD_SIZE),
+    // Under an address-space limit (the shim caps pool_max by it), or strict overcommit (see
+    // `within_commit`), the nodes share it.
+    let shared = mman::address_limit().is_some() || mman::strict_overcommit();
+    let bytes = match nodes.len() {
+        k if k > 1 && shared => pmd_start(opts.pool_max / k).max(PMD_SIZE),
         _ => opts.pool_max,
     };
     nodes
