@@ -25,8 +25,8 @@ static HEAP_BELOW: AtomicUsize = AtomicUsize::new(0);
 /// Set where glibc's threshold does not move: the program fixed it, or one of the values that
 /// stop glibc from moving it, through the environment (`MALLOC_MMAP_THRESHOLD_` and the three
 /// others, or their `GLIBC_TUNABLES`). glibc then maps every block above the threshold, and the
-/// arena keeps serving them. Read at the shim's start (`fixed_threshold`); a `mallopt` call is
-/// not seen.
+/// arena keeps serving them. Read at the shim's start (`glibc::fixed_threshold`); a `mallopt`
+/// call is not seen.
 pub(crate) static FIXED_THRESHOLD: AtomicBool = AtomicBool::new(false);
 
 /// The program freed a large block of `usable` bytes. Natively glibc mapped it, and its free
