@@ -182,16 +182,20 @@ fn the_program_closing_the_engines_descriptor_loses_nothing() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `vm.max_map_count`, set for a test and put back when it ends, even by a panic.
-struct MapCount(String);
+/// `vm.max_map_count`, set for a test and put back when it ends, even by a panic. One test at
+/// a time holds it: two overlapping would each read the other's value as the one to put back,
+/// and the machine kept 20,000.
+struct MapCount(String, #[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
 
 impl MapCount {
     const PATH: &'static str = "/proc/sys/vm/max_map_count";
 
     fn set(n: u32) -> Option<MapCount> {
+        static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let one = ONE.lock().unwrap_or_else(|e| e.into_inner());
         let old = std::fs::read_to_string(Self::PATH).ok()?;
         std::fs::write(Self::PATH, n.to_string()).ok()?;
-        Some(MapCount(old))
+        Some(MapCount(old, one))
     }
 }
 
@@ -202,9 +206,9 @@ impl Drop for MapCount {
 }
 
 /// Mappings that stay the shim's at the limit, once the engine gave back its own (pool rings,
-/// doorbells, thread stacks: `Engine::give_back`): the shim's two libraries (6), the front's
+/// doorbells, thread stacks: `Engine::give_back`): the shim's two libraries with their data (8), the front's
 /// private heap (2), the engine allocator's reservation (2), the arena holding the program's
-/// 64 MiB block (2), a few pages of metadata, and the page-state maps of the served memory.
+/// 64 MiB block (2), and a few pages of metadata (at this limit, 20,000).
 /// The program may make this many fewer before the limit, no more: 19-20 here, 28 when the
 /// engine kept its mappings.
 const ENGINE_MAPS: i64 = 24;
