@@ -190,12 +190,16 @@ struct MapCount(String, #[allow(dead_code)] std::sync::MutexGuard<'static, ()>);
 impl MapCount {
     const PATH: &'static str = "/proc/sys/vm/max_map_count";
 
-    fn set(n: u32) -> Option<MapCount> {
+    /// Panics where the limit cannot be set (the test needs root).
+    fn set(n: u32) -> MapCount {
         static ONE: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let one = ONE.lock().unwrap_or_else(|e| e.into_inner());
-        let old = std::fs::read_to_string(Self::PATH).ok()?;
-        std::fs::write(Self::PATH, n.to_string()).ok()?;
-        Some(MapCount(old, one))
+        let set =
+            std::fs::read_to_string(Self::PATH).and_then(|old| std::fs::write(Self::PATH, n.to_string()).map(|()| old));
+        match set {
+            Ok(old) => MapCount(old, one),
+            Err(e) => panic!("vm.max_map_count cannot be set (the test needs root): {e}"),
+        }
     }
 }
 
@@ -226,9 +230,7 @@ const ENGINE_MAPS: i64 = 24;
 fn at_the_map_count_limit_the_program_keeps_its_mappings() {
     let dir = temp_dir("r3-maps");
     let prog = cc("fds", &dir, false);
-    let Some(_limit) = MapCount::set(20000) else {
-        panic!("vm.max_map_count cannot be set (the test needs root)");
-    };
+    let _limit = MapCount::set(20000);
     let native = go(&mut plain(&prog, &["maps"]));
     assert_eq!(
         stdout(&native),
@@ -269,9 +271,7 @@ fn at_the_map_count_limit_the_program_keeps_its_mappings() {
 fn a_stale_enomem_at_the_map_count_limit_repeats_no_call() {
     let dir = temp_dir("r3-maps-raw");
     let prog = cc("fds", &dir, false);
-    let Some(_limit) = MapCount::set(20000) else {
-        panic!("vm.max_map_count cannot be set (the test needs root)");
-    };
+    let _limit = MapCount::set(20000);
     let expected = "at the limit: realloc(p, 0) NULL, malloc ok, fopen ok\n";
     let native = go(&mut plain(&prog, &["maps-raw"]));
     assert_eq!(stdout(&native), expected, "natively: {}", stderr(&native));

@@ -685,6 +685,16 @@ static int gave_back(int refused) {
            ((int (*)(void))shim[S_GIVE_BACK])();
 }
 
+/* gave_back for a call that returns its error code and leaves errno alone (posix_memalign's
+ * ENOMEM, pthread_create's EAGAIN): errno is ENOMEM for the question, and put back after. */
+static int gave_back_for_code(void) {
+    int e = errno;
+    errno = ENOMEM;
+    int gave = gave_back(1);
+    errno = e;
+    return gave;
+}
+
 /* `call` (a pointer-returning allocation), repeated once where gave_back says so: only when
  * the call itself set ENOMEM (errno is cleared first, and put back when the call left it
  * alone), never on an errno an earlier failure left, nor on a NULL that is no failure
@@ -777,13 +787,8 @@ EXPORT int posix_memalign(void **out, size_t align, size_t n) {
     }
     posix_memalign_fn f = shim_for(n) ? SHIM(POSIX_MEMALIGN, posix_memalign_fn) : NEXT(POSIX_MEMALIGN, posix_memalign_fn);
     int r = f(out, align, n);
-    if (r == ENOMEM) {
-        int e = errno;
-        errno = ENOMEM;
-        if (gave_back(1))
-            r = f(out, align, n);
-        errno = e;
-    }
+    if (r == ENOMEM && gave_back_for_code())
+        r = f(out, align, n);
     return r;
 }
 
@@ -1164,13 +1169,9 @@ EXPORT int pthread_create(pthread_t *t, const pthread_attr_t *attr, void *(*fn)(
         pthread_attr_getschedpolicy(attr, &policy) == 0 && realtime_policy(policy))
         AROUND(FOR_GOOD_REALTIME, next(t, attr, fn, arg));
     int r = next(t, attr, fn, arg);
-    if (r == EAGAIN) { /* no stack to be mapped, or a thread limit: the shim tells them apart */
-        int e = errno;
-        errno = ENOMEM;
-        if (gave_back(1))
-            r = next(t, attr, fn, arg);
-        errno = e;
-    }
+    /* No stack to be mapped, or a thread limit: the shim tells them apart. */
+    if (r == EAGAIN && gave_back_for_code())
+        r = next(t, attr, fn, arg);
     return r;
 }
 

@@ -6,19 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static long status_kb(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long v = -1;
-    size_t n = strlen(key);
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, key, n))
-            v = atol(line + n);
-    if (f)
-        fclose(f);
-    return v;
-}
+#include "measure.h"
 
 int main(int argc, char **argv) {
     int count = argc > 1 ? atoi(argv[1]) : 3000;
@@ -41,6 +29,6 @@ int main(int argc, char **argv) {
     for (int k = 0; k < 8; k++)
         free(alive[k]);
     printf("made %d\n", made);
-    fprintf(stderr, "hwm_kb=%ld\n", status_kb("VmHWM:"));
+    fprintf(stderr, "hwm_kb=%ld\n", field_kb("/proc/self/status", "VmHWM:"));
     return 0;
 }

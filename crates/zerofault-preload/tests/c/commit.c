@@ -13,19 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-
-static long meminfo(const char *k) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    char l[256];
-    long v = -1;
-    size_t n = strlen(k);
-    while (f && fgets(l, sizeof l, f))
-        if (!strncmp(l, k, n) && l[n] == ':')
-            v = atol(l + n + 1);
-    if (f)
-        fclose(f);
-    return v;
-}
+#include "measure.h"
 
 /* The size of this process's writable private mappings, in kB: what mode 2 charges it. */
 static long writable_private_kb(void) {
@@ -43,7 +31,7 @@ static long writable_private_kb(void) {
 }
 
 int main(void) {
-    long lim = meminfo("CommitLimit"), c0 = meminfo("Committed_AS");
+    long lim = field_kb("/proc/meminfo", "CommitLimit:"), c0 = field_kb("/proc/meminfo", "Committed_AS:");
     size_t want = (size_t)((lim - c0) * 0.85) * 1024;
     char *w = malloc(32 << 20);
     if (w)

@@ -294,9 +294,13 @@ impl RangeTable {
             // Whole PMDs only: a PMD shared with a neighbour may carry the neighbour's advice.
             // A span with none has its first PMD's (the advice it was given, or a neighbour's:
             // nothing tells them apart there).
-            let whole = (a.next_multiple_of(PMD_SIZE)..crate::page::pmd_start(b)).step_by(PMD_SIZE);
-            let pmds: Vec<usize> = if whole.len() > 0 { whole.collect() } else { vec![a] };
-            for pmd in pmds {
+            let (lo, hi) = (a.next_multiple_of(PMD_SIZE), crate::page::pmd_start(b));
+            let (lo, hi) = if lo < hi {
+                (lo, hi)
+            } else {
+                (crate::page::pmd_start(a), crate::page::pmd_start(a) + PMD_SIZE)
+            };
+            for pmd in (lo..hi).step_by(PMD_SIZE) {
                 got.0 |= r.pmds.wants_huge(pmd);
                 got.1 |= r.pmds.no_huge(pmd);
                 got.2 |= r.pmds.is_random(pmd);
